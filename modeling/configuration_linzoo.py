@@ -1,0 +1,124 @@
+"""Configuration of a linzoo student: a Llama/SmolLM2 backbone whose attention is a linear mixer."""
+
+from transformers import PretrainedConfig
+
+# The seven token mixers compared in "What Matters in Linearizing Language Models?" (arXiv 2504.14366).
+MIXERS = ("linear_attn", "retnet", "gla", "deltanet", "gated_deltanet", "kda", "xlstm")
+KERNEL_BACKENDS = ("auto", "fast", "torch")
+FEATURE_MAPS = ("elu", "relu", "identity")
+
+# Which mixers use a causal depthwise short convolution (with SiLU) on q, k, v by default, as fla does.
+_SHORT_CONV_DEFAULT = {"deltanet", "gated_deltanet", "kda"}
+
+
+def _check_choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"Unknown {name} {value!r}; valid values are: {', '.join(map(repr, choices))}.")
+
+
+class LinzooConfig(PretrainedConfig):
+    r"""
+    Llama-style backbone fields (as `LlamaConfig`) plus the token mixer.
+
+    Args:
+        mixer (`str`): one of `linzoo.MIXERS`.
+        attn_layers (`list[int]`): layer indices that keep softmax attention (a hybrid student); empty by default.
+        kernel_backend (`str`): `"auto"` uses fla / mlstm-kernels when CUDA and the package are present and the
+            pure-torch path otherwise; `"fast"` requires the kernels; `"torch"` forces the pure-torch path.
+        use_short_conv (`bool`, *optional*): causal depthwise conv (kernel `conv_size`) + SiLU on q, k, v.
+            Defaults to True for the delta-rule mixers, False otherwise.
+        feature_map (`str`): feature map of `linear_attn` (`"elu"` is elu(x)+1).
+        gate_low_rank_dim (`int`): rank of the per-channel gate projections of `gla` and `kda`.
+        gate_logit_normalizer (`float`): divides GLA's log-sigmoid gate (fla's default 16).
+        igate_soft_cap (`float`): soft cap on xLSTM's exponential input gate pre-activation.
+        chunk_size (`int`): chunk length of the pure-torch chunked form.
+        teacher (`str`): lineage: where the backbone came from.
+    """
+
+    model_type = "linzoo"
+    keys_to_ignore_at_inference = ["past_key_values"]
+
+    def __init__(
+        self,
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=None,
+        hidden_act="silu",
+        max_position_embeddings=8192,
+        initializer_range=0.02,
+        rms_norm_eps=1e-5,
+        rope_theta=100000.0,
+        tie_word_embeddings=True,
+        pad_token_id=None,
+        bos_token_id=1,
+        eos_token_id=2,
+        mixer="gated_deltanet",
+        attn_layers=(),
+        kernel_backend="auto",
+        use_short_conv=None,
+        conv_size=4,
+        feature_map="elu",
+        gate_low_rank_dim=16,
+        gate_logit_normalizer=16.0,
+        igate_soft_cap=15.0,
+        chunk_size=64,
+        teacher=None,
+        **kwargs,
+    ):
+        _check_choice("mixer", mixer, MIXERS)
+        _check_choice("kernel_backend", kernel_backend, KERNEL_BACKENDS)
+        _check_choice("feature_map", feature_map, FEATURE_MAPS)
+        if hidden_size % num_attention_heads:
+            raise ValueError(f"hidden_size {hidden_size} is not divisible by num_attention_heads {num_attention_heads}.")
+        if num_attention_heads % num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads {num_attention_heads} is not a multiple of num_key_value_heads {num_key_value_heads}."
+            )
+        attn_layers = sorted(int(i) for i in attn_layers)
+        bad = [i for i in attn_layers if not 0 <= i < num_hidden_layers]
+        if bad:
+            raise ValueError(f"attn_layers {bad} are outside 0..{num_hidden_layers - 1}.")
+        if conv_size < 2:
+            raise ValueError(f"conv_size must be >= 2, got {conv_size}.")
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}.")
+
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_key_value_heads
+        self.head_dim = head_dim or hidden_size // num_attention_heads
+        self.hidden_act = hidden_act
+        self.max_position_embeddings = max_position_embeddings
+        self.initializer_range = initializer_range
+        self.rms_norm_eps = rms_norm_eps
+        self.rope_theta = rope_theta
+        self.mixer = mixer
+        self.attn_layers = attn_layers
+        self.kernel_backend = kernel_backend
+        self.use_short_conv = mixer in _SHORT_CONV_DEFAULT if use_short_conv is None else bool(use_short_conv)
+        self.conv_size = conv_size
+        self.feature_map = feature_map
+        self.gate_low_rank_dim = gate_low_rank_dim
+        self.gate_logit_normalizer = gate_logit_normalizer
+        self.igate_soft_cap = igate_soft_cap
+        self.chunk_size = chunk_size
+        self.teacher = teacher
+        # transformers' DynamicCache(config=...) builds one recurrent-state layer per "linear_attention" entry.
+        self.layer_types = [
+            "full_attention" if i in attn_layers else "linear_attention" for i in range(num_hidden_layers)
+        ]
+        kwargs.pop("layer_types", None)
+        super().__init__(
+            pad_token_id=pad_token_id,
+            bos_token_id=bos_token_id,
+            eos_token_id=eos_token_id,
+            tie_word_embeddings=tie_word_embeddings,
+            **kwargs,
+        )

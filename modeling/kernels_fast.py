@@ -1,0 +1,115 @@
+"""CUDA kernels for the recurrence: fla 0.6 for six mixers, mlstm-kernels for xLSTM.
+
+Imported only when `kernels.use_fast_path` says so. Each entry computes exactly what
+`linear_ops.torch_chunk` computes (same inputs, same state layout [B, H, K, V] in fp32):
+chunk kernels for training/prefill, fused-recurrent kernels for short no-grad decoding steps.
+"""
+
+import torch
+import torch.nn.functional as F
+
+try:
+    from fla.ops.delta_rule import chunk_delta_rule, fused_recurrent_delta_rule
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+    from fla.ops.gla import chunk_gla, fused_recurrent_gla
+    from fla.ops.kda import chunk_kda, fused_recurrent_kda
+    from fla.ops.retention import chunk_retention, fused_recurrent_retention
+    from fla.ops.simple_gla import chunk_simple_gla, fused_recurrent_simple_gla
+except ImportError:
+    chunk_delta_rule = None
+try:
+    from mlstm_kernels.torch.chunkwise.triton_xl_chunk import mlstm_chunkwise__xl_chunk
+    from mlstm_kernels.torch.recurrent.triton_step import mlstm_recurrent_step__triton
+except ImportError:
+    mlstm_chunkwise__xl_chunk = None
+
+# Below this many new tokens and without autograd, decode with the fused-recurrent kernels (as fla's layers do).
+RECURRENT_MAX_LEN = 64
+
+
+def _fla(kind, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens):
+    recurrent = q.shape[1] <= RECURRENT_MAX_LEN and not torch.is_grad_enabled()
+    common = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+                  cu_seqlens=cu_seqlens)
+    if initial_state is not None:
+        common["initial_state"] = initial_state.float()
+    if beta is not None:
+        beta = beta.to(q.dtype)
+    if kind == "linear_attn":
+        fn = fused_recurrent_simple_gla if recurrent else chunk_simple_gla
+        return fn(q, k, v, **common)
+    if kind == "retnet":  # fla's fixed decays 1 - 2^(-5-h) are ours (mixers.RetNet)
+        fn = fused_recurrent_retention if recurrent else chunk_retention
+        return fn(q, k, v, **common)
+    if kind == "gla":
+        if recurrent:
+            return fused_recurrent_gla(q, k, v, gk=g, **common)
+        return chunk_gla(q, k, v, g=g, **common)
+    if kind == "deltanet":
+        fn = fused_recurrent_delta_rule if recurrent else chunk_delta_rule
+        return fn(q, k, v, beta=beta, **common)
+    if kind == "gated_deltanet":
+        fn = fused_recurrent_gated_delta_rule if recurrent else chunk_gated_delta_rule
+        return fn(q, k, v, g=g, beta=beta, **common)
+    if kind == "kda":
+        fn = fused_recurrent_kda if recurrent else chunk_kda
+        return fn(q, k, v, g=g, beta=beta, **common)
+    raise ValueError(f"no fla kernel for mixer {kind!r}")
+
+
+def _mlstm_length(T):
+    """xl_chunk wants T % 16 == 0, a power of two below 128, else a multiple of its 128 chunk."""
+    if T >= 128:
+        return -(-T // 128) * 128
+    return max(16, 1 << (T - 1).bit_length())
+
+
+def _mlstm(q, k, v, log_f, i_gate, scale, initial_state, output_final_state):
+    """q, k: [B,T,H,K]; v: [B,T,H,V+1] (last column the normaliser's ones); state raw [B,H,K,V+1]."""
+    B, T, H, K = q.shape
+    V = v.shape[-1] - 1
+    v = v[..., :V]
+    # The kernels take the forget pre-activation and apply logsigmoid themselves.
+    f_pre = log_f - torch.log(-torch.expm1(log_f))
+    if initial_state is None:
+        c0 = n0 = m0 = None
+    else:
+        c0, n0 = initial_state[..., :V].float().contiguous(), initial_state[..., V].float().contiguous()
+        m0 = initial_state.new_zeros(B, H, 1, dtype=torch.float32)
+    q, k, v = (x.transpose(1, 2) for x in (q, k, v))
+    i_gate, f_pre = i_gate.transpose(1, 2).float(), f_pre.transpose(1, 2).float()
+    if T == 1 and not torch.is_grad_enabled() and initial_state is not None:
+        h, (c, n, m) = mlstm_recurrent_step__triton(q[:, :, 0], k[:, :, 0], v[:, :, 0], i_gate, f_pre, c0, n0, m0, eps=0.0)
+        h = h.unsqueeze(2)
+    else:
+        pad = _mlstm_length(T) - T
+        if pad:  # padding writes nothing (k = v = 0, input gate e^-30) and keeps the state (forget gate ~1)
+            q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+            i_gate, f_pre = F.pad(i_gate, (0, pad), value=-30.0), F.pad(f_pre, (0, pad), value=30.0)
+        h, (c, n, m) = mlstm_chunkwise__xl_chunk(
+            q.contiguous(), k.contiguous(), v.contiguous(), i_gate.contiguous(), f_pre.contiguous(),
+            c_initial=c0, n_initial=n0, m_initial=m0, return_last_states=True, eps=0.0,
+        )
+        h = h[:, :, :T]
+    state = torch.cat([c, n.unsqueeze(-1)], -1) * m.float().exp().unsqueeze(-1) if output_final_state else None
+    # The kernels return the normalised output; ours carries (numerator, denominator) for `MLSTM.readout`.
+    h = h.transpose(1, 2)
+    return torch.cat([h, torch.ones_like(h[..., :1])], -1), state
+
+
+def fast_core(kind, q, k, v, g, beta, *, scale, initial_state=None, output_final_state=False, cu_seqlens=None):
+    if kind == "xlstm":
+        if mlstm_chunkwise__xl_chunk is None:
+            raise ImportError("mlstm-kernels is not installed: pip install mlstm-kernels")
+        # scale: the kernels always use K^-0.5, as MLSTM does.
+        i_gate = beta.log()
+        if cu_seqlens is None:
+            return _mlstm(q, k, v, g, i_gate, scale, initial_state, output_final_state)
+        outs = []
+        bounds = cu_seqlens.tolist()
+        for s, e in zip(bounds[:-1], bounds[1:]):
+            outs.append(_mlstm(q[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e], i_gate[:, s:e], scale, None, False)[0])
+        return torch.cat(outs, 1), None
+    if chunk_delta_rule is None:
+        raise ImportError("flash-linear-attention is not installed: pip install flash-linear-attention fla-core")
+    return _fla(kind, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)

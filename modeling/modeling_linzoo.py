@@ -1,0 +1,237 @@
+"""linzoo causal LM: the SmolLM2/Llama backbone with a linear token mixer in every layer.
+
+Parameter names follow `LlamaForCausalLM` (`model.layers.i.self_attn.q_proj`, ...), so a teacher's state
+dict loads into a student directly and only the mixers' new parameters start fresh. Recurrent and
+short-conv states live in the transformers cache (`DynamicCache(config=...)` with `layer_types`).
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.cache_utils import DynamicCache
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+
+from .configuration_linzoo import LinzooConfig
+from .mixers import MIXER_CLASSES, RMSNorm
+
+# transformers >= 5.20 calls the cache `cache`; 5.17 (and older) `past_key_values`.
+_CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+class LinzooMLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class LinzooAttention(nn.Module):
+    """Softmax attention with RoPE, kept at `config.attn_layers` in hybrid students (the teacher's own layer)."""
+
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            config.num_attention_heads, config.num_key_value_heads, config.head_dim,
+        )
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, hidden_states, attention_mask=None, cache=None, position_ids=None, attn_bias=None, **_):
+        B, T, _ = hidden_states.shape
+        shape = (B, T, -1, self.head_dim)
+        q = self.q_proj(hidden_states).view(shape).transpose(1, 2)
+        k = self.k_proj(hidden_states).view(shape).transpose(1, 2)
+        v = self.v_proj(hidden_states).view(shape).transpose(1, 2)
+        freqs = position_ids[:, None, :, None].float() * self.inv_freq.to(q.device)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().to(q.dtype), emb.sin().to(q.dtype)
+        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        if cache is not None:
+            k, v = cache.update(k, v, self.layer_idx)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, enable_gqa=True)
+        return self.o_proj(o.transpose(1, 2).reshape(B, T, -1))
+
+
+class LinzooDecoderLayer(GradientCheckpointingLayer):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        is_attn = layer_idx in config.attn_layers
+        self.self_attn = LinzooAttention(config, layer_idx) if is_attn else MIXER_CLASSES[config.mixer](config, layer_idx)
+        self.mlp = LinzooMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, hidden_states, attention_mask=None, cache=None, mixer_kwargs=None):
+        residual = hidden_states
+        hidden_states = self.self_attn(self.input_layernorm(hidden_states), attention_mask=attention_mask, cache=cache,
+                                       **(mixer_kwargs or {}))
+        hidden_states = residual + hidden_states
+        return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+
+
+class LinzooPreTrainedModel(PreTrainedModel):
+    config_class = LinzooConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["LinzooDecoderLayer"]
+    _is_stateful = True  # recurrent state cannot be rolled back (no assisted decoding)
+    _supports_sdpa = True
+
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if hasattr(module, "reset_new_parameters"):
+            module.reset_new_parameters()
+
+
+def _packed_boundaries(position_ids, T):
+    """Sequence boundaries of a padding-free packed row (B == 1, position_ids restarting at 0), else None."""
+    if position_ids is None or position_ids.shape[0] != 1 or T < 2:
+        return None, None
+    starts = (position_ids[0] == 0).nonzero().flatten()
+    if len(starts) < 2:
+        return None, None
+    if starts[0] != 0:
+        starts = torch.cat([starts.new_zeros(1), starts])
+    cu_seqlens = torch.cat([starts, starts.new_tensor([T])]).to(torch.int64)
+    seq_idx = (position_ids == 0).cumsum(-1) - (position_ids[0, 0] == 0).long()
+    return cu_seqlens, seq_idx
+
+
+class LinzooModel(LinzooPreTrainedModel):
+    def __init__(self, config):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+        self.layers = nn.ModuleList(LinzooDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.embed_tokens = value
+
+    def _attn_bias(self, attention_mask, position_ids, seq_idx, past, T, device):
+        """Boolean [B, 1, T, past + T] mask for the hybrid softmax layers (causal, padding, packing)."""
+        S = past + T
+        q_pos = torch.arange(past, S, device=device)[:, None]
+        allowed = torch.arange(S, device=device)[None, :] <= q_pos
+        allowed = allowed[None, None]
+        if attention_mask is not None:
+            allowed = allowed & attention_mask[:, None, None, -S:].bool()
+        if seq_idx is not None:
+            allowed = allowed & (seq_idx[:, None, :, None] == seq_idx[:, None, None, :])
+        # A padded query row would see nothing; let it see itself so softmax stays finite.
+        return allowed | (torch.arange(S, device=device)[None, :] == q_pos)[None, None]
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, past_key_values=None,
+                inputs_embeds=None, use_cache=None, output_hidden_states=None, **kwargs):
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        B, T, _ = inputs_embeds.shape
+        cache = cache if cache is not None else past_key_values
+        use_cache = use_cache if use_cache is not None else self.config.use_cache
+        if use_cache and cache is None and not self.training:
+            cache = DynamicCache(config=self.config)
+        if not use_cache:
+            cache = None
+        if attention_mask is not None and attention_mask.dim() != 2:
+            raise ValueError("linzoo models take a 2D [batch, length] attention_mask (1 = token, 0 = padding).")
+        if attention_mask is not None and bool(attention_mask.all()):
+            attention_mask = None  # nothing to mask: skip the multiply
+
+        cu_seqlens, seq_idx = _packed_boundaries(position_ids, T) if cache is None else (None, None)
+        if cu_seqlens is not None and attention_mask is not None:
+            raise ValueError("Packed sequences (position_ids restarting at 0) must not also carry padding.")
+        mixer_kwargs = {"cu_seqlens": cu_seqlens, "seq_idx": seq_idx}
+        if self.config.attn_layers:
+            first = self.config.attn_layers[0]
+            past = cache.layers[first].get_seq_length() if cache is not None and len(cache.layers) > first else 0
+            if position_ids is None:
+                if attention_mask is not None:
+                    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]
+                else:
+                    position_ids = torch.arange(past, past + T, device=inputs_embeds.device)[None].expand(B, -1)
+            attn_kwargs = {
+                "position_ids": position_ids,
+                "attn_bias": self._attn_bias(attention_mask, position_ids, seq_idx, past, T, inputs_embeds.device),
+            }
+
+        hidden_states = inputs_embeds
+        all_hidden = (hidden_states,) if output_hidden_states else None
+        for i, layer in enumerate(self.layers):
+            kw = attn_kwargs if i in self.config.attn_layers else mixer_kwargs
+            hidden_states = layer(hidden_states, attention_mask, cache, kw)
+            if output_hidden_states:
+                all_hidden += (hidden_states,)
+        hidden_states = self.norm(hidden_states)
+        return BaseModelOutputWithPast(
+            last_hidden_state=hidden_states, hidden_states=all_hidden, **{_CACHE_FIELD: cache}
+        )
+
+
+class LinzooForCausalLM(LinzooPreTrainedModel, GenerationMixin):
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.model = LinzooModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, value):
+        self.lm_head = value
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, past_key_values=None,
+                inputs_embeds=None, labels=None, use_cache=None, output_hidden_states=None, logits_to_keep=0,
+                **kwargs):
+        outputs = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+            cache=cache if cache is not None else past_key_values, inputs_embeds=inputs_embeds,
+            use_cache=use_cache, output_hidden_states=output_hidden_states,
+        )
+        hidden_states = outputs.last_hidden_state
+        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
+            hidden_states = hidden_states[:, -logits_to_keep:]
+        elif isinstance(logits_to_keep, torch.Tensor):
+            hidden_states = hidden_states[:, logits_to_keep]
+        logits = self.lm_head(hidden_states)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        return CausalLMOutputWithPast(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states,
+            **{_CACHE_FIELD: getattr(outputs, _CACHE_FIELD)},
+        )
+
+
+LinzooConfig.register_for_auto_class()
+LinzooForCausalLM.register_for_auto_class("AutoModelForCausalLM")
