@@ -1,5 +1,6 @@
 """linzoo: linearized SmolLM2 students as Hub AutoModels, and the recipes that make them."""
 
+from .convert import linearize
 from .modeling.configuration_linzoo import MIXERS, LinzooConfig
 
 __version__ = "0.1.0"
@@ -7,10 +8,6 @@ __version__ = "0.1.0"
 
 def __getattr__(name):
     # Heavy entry points load lazily so `import linzoo` stays cheap for the CLI and the Space.
-    if name in ("linearize",):
-        from .linearize import linearize
-
-        return linearize
     if name in ("load_teacher", "load_model"):
         from . import loading
 

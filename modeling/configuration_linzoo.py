@@ -53,6 +53,7 @@ class LinzooConfig(PretrainedConfig):
         rms_norm_eps=1e-5,
         rope_theta=100000.0,
         tie_word_embeddings=True,
+        use_cache=True,
         pad_token_id=None,
         bos_token_id=1,
         eos_token_id=2,
@@ -99,6 +100,7 @@ class LinzooConfig(PretrainedConfig):
         self.initializer_range = initializer_range
         self.rms_norm_eps = rms_norm_eps
         self.rope_theta = rope_theta
+        self.use_cache = use_cache
         self.mixer = mixer
         self.attn_layers = attn_layers
         self.kernel_backend = kernel_backend

@@ -1,0 +1,72 @@
+"""Build a linzoo student from a Llama-family teacher."""
+
+from __future__ import annotations
+
+import torch
+
+from .modeling import LinzooConfig, LinzooForCausalLM
+
+SUPPORTED_TEACHERS = ("llama", "mistral")  # q/k/v/o without biases, SwiGLU MLP, RMSNorm, RoPE
+
+
+def student_config(teacher_config, mixer: str, **options) -> LinzooConfig:
+    """A LinzooConfig with the teacher's backbone shape, the chosen mixer and its options."""
+    tc = teacher_config
+    if tc.model_type not in SUPPORTED_TEACHERS:
+        raise ValueError(
+            f"Teacher model_type {tc.model_type!r} is not supported; linzoo linearizes {', '.join(SUPPORTED_TEACHERS)} "
+            "models (Llama-style q/k/v/o, SwiGLU MLP, RMSNorm) such as the SmolLM2 family."
+        )
+    if getattr(tc, "attention_bias", False) or getattr(tc, "mlp_bias", False):
+        raise ValueError("Teachers with attention or MLP biases are not supported.")
+    rope = getattr(tc, "rope_parameters", None) or {}
+    return LinzooConfig(
+        vocab_size=tc.vocab_size,
+        hidden_size=tc.hidden_size,
+        intermediate_size=tc.intermediate_size,
+        num_hidden_layers=tc.num_hidden_layers,
+        num_attention_heads=tc.num_attention_heads,
+        num_key_value_heads=tc.num_key_value_heads,
+        head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads,
+        max_position_embeddings=tc.max_position_embeddings,
+        rms_norm_eps=tc.rms_norm_eps,
+        rope_theta=rope.get("rope_theta", getattr(tc, "rope_theta", 10000.0)),
+        tie_word_embeddings=tc.tie_word_embeddings,
+        bos_token_id=tc.bos_token_id,
+        eos_token_id=tc.eos_token_id,
+        pad_token_id=tc.pad_token_id,
+        mixer=mixer,
+        teacher=tc._name_or_path or None,
+        **options,
+    )
+
+
+def linearize(teacher, mixer: str = "gated_deltanet", **options) -> LinzooForCausalLM:
+    """Replace every attention of `teacher` (a model, or a spec for `load_teacher`) by `mixer`.
+
+    Embeddings, norms, MLPs and the attention's q/k/v/o projections are copied (GQA: k/v keep the
+    teacher's head count and are repeated per query head inside the mixer). The mixer's new
+    parameters start as documented in `modeling/mixers.py` (gates near 1, identity convs, unit norms).
+    Layers in `attn_layers` keep the teacher's softmax attention.
+    """
+    if isinstance(teacher, str):
+        from .loading import load_teacher
+
+        teacher, _ = load_teacher(teacher)
+    config = student_config(teacher.config, mixer, **options)
+    dtype = next(teacher.parameters()).dtype
+    student = LinzooForCausalLM(config).to(dtype)
+    state = {k: v for k, v in teacher.state_dict().items() if not k.endswith("rotary_emb.inv_freq")}
+    result = student.load_state_dict(state, strict=False)
+    if result.unexpected_keys:
+        raise ValueError(f"Teacher weights with no place in the student: {result.unexpected_keys[:5]} ...")
+    copied = set(state)
+    fresh = [k for k in result.missing_keys if k != "lm_head.weight" or not config.tie_word_embeddings]
+    if any(k.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "mlp.down_proj.weight")) for k in fresh):
+        raise ValueError(f"Backbone weights missing from the teacher: {fresh[:5]}")
+    student.tie_weights()
+    student.linzoo_fresh_parameters = fresh  # what stage 1 trains from scratch
+    student.linzoo_copied_parameters = sorted(copied)
+    if getattr(teacher, "generation_config", None) is not None:
+        student.generation_config = teacher.generation_config
+    return student

