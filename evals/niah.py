@@ -116,8 +116,9 @@ def _insert(body: str, needle: str, depth: float) -> tuple[str, tuple[int, int]]
 
 def build_haystack(tokenizer, filler_texts: list[str], context_len: int, depth: float, needle: str = "passkey",
                    seed: int = 0, prompt_format: str = "raw") -> NiahSample:
-    """A prompt of at most `context_len` tokens (and within a word of it) with the needle at `depth`
-    (0.0 = start of the haystack, 1.0 = end). The seed fixes the needle and the filler order."""
+    """A prompt of at most `context_len` tokens (and within a word of it) with the needle after a `depth`
+    share of the filler (0.0 = start of the haystack, 1.0 = end), snapped back to a sentence end when one
+    is near, else to a word boundary. The seed fixes the needle and the filler order."""
     if needle not in NEEDLES:
         raise ValueError(f"needle must be one of {sorted(NEEDLES)}, got {needle!r}")
     rng = random.Random(seed)

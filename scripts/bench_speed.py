@@ -1,0 +1,141 @@
+"""Training and decoding speed: linzoo students vs fla's own *ForCausalLM peers, side by side (needs CUDA).
+
+    python scripts/bench_speed.py --out results/bench_speed.json [--batch 16 --seq_len 2048]
+
+Both sides run in this one process at the SmolLM2-135M shape in bf16, with the same inputs and the same
+timing loop (CUDA events, warm-up first): fwd+bwd tokens/s with a next-token loss, and B=1 greedy decoding
+ms/token (ours: plain cached forward, and the same step replayed as a CUDA graph). Ratios = ours / peer.
+"""
+
+import argparse
+import json
+
+import torch
+
+import linzoo
+from linzoo.graphs import GraphedDecoder
+from linzoo.loading import load_teacher
+
+SHAPE = dict(hidden_size=576, num_hidden_layers=30, intermediate_size=1536, vocab_size=49152, tie_word_embeddings=True)
+
+
+def fla_peer(mixer):
+    """fla's model for the same mixer at the 135M shape (fla's defaults otherwise); None for xLSTM."""
+    import fla.models as fm
+
+    heads = dict(num_heads=9)
+    table = {
+        "linear_attn": (fm.LinearAttentionConfig, fm.LinearAttentionForCausalLM, dict(expand_k=1, expand_v=1, num_kv_heads=3)),
+        "retnet": (fm.RetNetConfig, fm.RetNetForCausalLM, dict(expand_k=1, expand_v=1)),
+        "gla": (fm.GLAConfig, fm.GLAForCausalLM, dict(expand_k=1, expand_v=1)),
+        "deltanet": (fm.DeltaNetConfig, fm.DeltaNetForCausalLM, dict(expand_k=1, expand_v=1)),
+        "gated_deltanet": (fm.GatedDeltaNetConfig, fm.GatedDeltaNetForCausalLM, dict(head_dim=64, expand_v=1)),
+        "kda": (fm.KDAConfig, fm.KDAForCausalLM, dict(head_dim=64, expand_v=1)),
+    }
+    if mixer not in table:
+        return None
+    cfg_cls, model_cls, extra = table[mixer]
+    return model_cls(cfg_cls(**SHAPE, **heads, **extra))
+
+
+def time_train(model, ids, iters, warmup=3):
+    model.train()
+    for _ in range(warmup):
+        model(input_ids=ids, labels=ids).loss.backward()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        model(input_ids=ids, labels=ids).loss.backward()
+    end.record()
+    torch.cuda.synchronize()
+    seconds = start.elapsed_time(end) / 1000 / iters
+    model.zero_grad(set_to_none=True)
+    return ids.numel() / seconds, torch.cuda.max_memory_allocated() / 2**30
+
+
+@torch.no_grad()
+def time_generate(model, prompt, new_tokens):
+    model.eval()
+    kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+    model.generate(prompt, **kw)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    model.generate(prompt, **kw)
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / new_tokens
+
+
+@torch.no_grad()
+def time_graph_decode(model, prompt, new_tokens):
+    """ms/token of CUDA-graph decoding, and whether its tokens equal generate()'s greedy tokens."""
+    reference = model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+    same = torch.equal(GraphedDecoder(model, prompt).generate(new_tokens), reference[:, prompt.shape[1]:])
+    decoder = GraphedDecoder(model, prompt)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    decoder.generate(new_tokens)
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / new_tokens, same
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--teacher", default="embedded")
+    ap.add_argument("--mixers", default=",".join(linzoo.MIXERS))
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--seq_len", type=int, default=2048)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--new_tokens", type=int, default=128)
+    ap.add_argument("--skip_peers", action="store_true")
+    ap.add_argument("--out", default="results/bench_speed.json")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    teacher, _ = load_teacher(args.teacher)
+    teacher = teacher.to(dev, torch.bfloat16)
+    ids = torch.randint(0, teacher.config.vocab_size, (args.batch, args.seq_len), device=dev)
+    prompt = ids[:1, :32]
+    res = {"card": torch.cuda.get_device_name(), "torch": torch.__version__, "batch": args.batch,
+           "seq_len": args.seq_len, "dtype": "bfloat16", "rows": {}}
+    tps, mem = time_train(teacher, ids, args.iters)
+    res["rows"]["teacher"] = {"train_tok_s": tps, "train_peak_gib": mem,
+                              "decode_ms_per_token": time_generate(teacher, prompt, args.new_tokens)}
+    print("teacher", json.dumps(res["rows"]["teacher"]), flush=True)
+    for mixer in args.mixers.split(","):
+        row = {}
+        ours = linzoo.linearize(teacher, mixer).to(dev, torch.bfloat16)
+        ours.config.kernel_backend = "fast"
+        row["train_tok_s"], row["train_peak_gib"] = time_train(ours, ids, args.iters)
+        row["decode_ms_per_token"] = time_generate(ours, prompt, args.new_tokens)
+        row["decode_graph_ms_per_token"], row["graph_tokens_equal_generate"] = time_graph_decode(
+            ours, prompt, args.new_tokens)
+        del ours
+        peer = None if args.skip_peers else fla_peer(mixer)
+        if peer is not None:
+            peer = peer.to(dev, torch.bfloat16)
+            row["peer_train_tok_s"], row["peer_train_peak_gib"] = time_train(peer, ids, args.iters)
+            row["peer_decode_ms_per_token"] = time_generate(peer, prompt, args.new_tokens)
+            row["train_ratio"] = row["train_tok_s"] / row["peer_train_tok_s"]
+            row["decode_graph_speedup_vs_peer"] = row["peer_decode_ms_per_token"] / row["decode_graph_ms_per_token"]
+            del peer
+        row["train_ratio_vs_teacher"] = row["train_tok_s"] / res["rows"]["teacher"]["train_tok_s"]
+        res["rows"][mixer] = row
+        print(mixer, json.dumps(row), flush=True)
+        torch.cuda.empty_cache()
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"\n{'model':16s} {'train tok/s':>12s} {'peer tok/s':>11s} {'ratio':>6s} {'decode ms':>10s} "
+          f"{'graph ms':>9s} {'peer ms':>8s}")
+    for name, r in res["rows"].items():
+        print(f"{name:16s} {r['train_tok_s']:12.0f} {r.get('peer_train_tok_s', float('nan')):11.0f} "
+              f"{r.get('train_ratio', float('nan')):6.2f} {r['decode_ms_per_token']:10.2f} "
+              f"{r.get('decode_graph_ms_per_token', float('nan')):9.3f} {r.get('peer_decode_ms_per_token', float('nan')):8.2f}")
+
+
+if __name__ == "__main__":
+    main()
