@@ -126,6 +126,8 @@ def main():
         row["train_ratio_vs_teacher"] = row["train_tok_s"] / res["rows"]["teacher"]["train_tok_s"]
         res["rows"][mixer] = row
         print(mixer, json.dumps(row), flush=True)
+        with open(args.out, "w") as f:  # after every mixer, so a timeout keeps what finished
+            json.dump(res, f, indent=1)
         torch.cuda.empty_cache()
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)

@@ -96,6 +96,8 @@ def main():
         }
         results["mixers"][mixer] = row
         print(mixer, json.dumps(row), flush=True)
+        with open(args.out, "w") as f:  # after every mixer, so a timeout keeps what finished
+            json.dump(results, f, indent=1)
         del student
         torch.cuda.empty_cache()
     with open(args.out, "w") as f:
