@@ -57,9 +57,9 @@ class ShortConv(nn.Module):
         # Tap j looks j steps back; with packed sequences (seq_idx) a tap never crosses a boundary.
         out = x * self.weight[:, -1]
         for j in range(1, self.size):
-            shifted = F.pad(x[:, :-j], (0, 0, j, 0))
+            shifted = F.pad(x, (0, 0, j, 0))[:, : x.shape[1]]
             if seq_idx is not None:
-                shifted = shifted * (F.pad(seq_idx[:, :-j], (j, 0), value=-1) == seq_idx).unsqueeze(-1)
+                shifted = shifted * (F.pad(seq_idx, (j, 0), value=-1)[:, : x.shape[1]] == seq_idx).unsqueeze(-1)
             out = out + shifted * self.weight[:, -1 - j]
         return F.silu(out[:, -T:])
 
@@ -150,8 +150,12 @@ class RetNet(LinearMixer):
 
     def __init__(self, config, layer_idx):
         super().__init__(config, layer_idx)
-        gamma = 1 - 2.0 ** (-5.0 - torch.arange(self.num_heads, dtype=torch.float32))
-        self.register_buffer("log_gamma", gamma.log(), persistent=False)
+        self.register_buffer("log_gamma", torch.empty(self.num_heads), persistent=False)
+        self.reset_new_parameters()
+
+    def reset_new_parameters(self):
+        # A non-persistent buffer: recomputed here, also after from_pretrained builds the model on `meta`.
+        init.copy_(self.log_gamma, (1 - 2.0 ** (-5.0 - torch.arange(self.num_heads, dtype=torch.float32))).log())
 
     def gates(self, x):
         B, T, _ = x.shape

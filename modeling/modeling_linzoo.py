@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
 from transformers.cache_utils import DynamicCache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
@@ -49,8 +50,14 @@ class LinzooAttention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
-        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.rope_theta = config.rope_theta
+        self.register_buffer("inv_freq", torch.empty(self.head_dim // 2), persistent=False)
+        self.reset_new_parameters()
+
+    def reset_new_parameters(self):
+        # A non-persistent buffer: recomputed here, also after from_pretrained builds the model on `meta`.
+        exponent = torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim
+        init.copy_(self.inv_freq, 1.0 / self.rope_theta**exponent)
 
     def forward(self, hidden_states, attention_mask=None, cache=None, position_ids=None, attn_bias=None, **_):
         B, T, _ = hidden_states.shape
@@ -97,6 +104,16 @@ class LinzooPreTrainedModel(PreTrainedModel):
         super()._init_weights(module)
         if hasattr(module, "reset_new_parameters"):
             module.reset_new_parameters()
+
+    def _initialize_weights(self, module, is_custom_code=False):
+        # transformers skips custom-code modules whose *direct* parameters are all loaded; a mixer's new
+        # parameters sit in children (gk_proj, b_proj, ...), so always let it reset them (loaded ones are kept:
+        # `transformers.initialization` skips tensors flagged as loaded).
+        if hasattr(module, "reset_new_parameters") and not getattr(module, "_is_hf_initialized", False):
+            self._init_weights(module)
+            module._is_hf_initialized = True
+            return
+        super()._initialize_weights(module, is_custom_code)
 
 
 def _packed_boundaries(position_ids, T):

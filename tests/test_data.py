@@ -131,6 +131,8 @@ def test_normalize_conversation():
     assert normalize_conversation(with_system) == with_system
     assert normalize_conversation([{"from": "human", "value": "a"}, {"from": "human", "value": "b"},
                                    {"from": "gpt", "value": "c"}]) is None  # does not alternate
+    assert normalize_conversation([{"from": "human", "value": "a"}, {"from": "gpt", "value": "b"},
+                                   {"from": "human", "value": "c"}, {"from": "human", "value": "d"}]) is None
     assert normalize_conversation([{"from": "human", "value": "a"}, {"from": "gpt", "value": "  "}]) is None
     assert normalize_conversation([{"from": "bing", "value": "a"}, {"from": "gpt", "value": "b"}]) is None
     assert normalize_conversation([{"from": "human", "value": "only a question"}]) is None
@@ -244,6 +246,25 @@ def test_unknown_specs_raise(monkeypatch):
     monkeypatch.setattr(datasets, "load_dataset", offline)
     with pytest.raises(ValueError, match=r"could not load text dataset 'someone/corpus' from the Hub.*Accepted"):
         load_text_dataset("someone/corpus")
+
+
+def test_hub_dataset_splits(monkeypatch):
+    seen = []
+
+    def fake_load_dataset(name, config=None):
+        seen.append((name, config))
+        if name == "someone/train-only":
+            return datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": SENTENCES, "n": list(range(30))})})
+        chat = {"conversations": [[{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]]}
+        return datasets.DatasetDict({"train": datasets.Dataset.from_dict(chat),
+                                     "validation": datasets.Dataset.from_dict(chat)})
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    train, test = load_text_dataset("someone/train-only:cfg"), load_text_dataset("someone/train-only:cfg", "test")
+    assert seen[0] == ("someone/train-only", "cfg") and train.column_names == ["text"]
+    assert len(test) == 3 and sorted([*train["text"], *test["text"]]) == sorted(SENTENCES)
+    val = load_chat_dataset("someone/chats", "test")  # "validation" serves as the held-out split
+    assert list(val["messages"]) == [[{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]]
 
 
 # ----------------------------------------------------------------------------- pypi_files
