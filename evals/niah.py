@@ -240,7 +240,6 @@ def save_niah(results: dict, out_dir: str | os.PathLike) -> tuple[Path, Path]:
 class ModelArguments:
     model: str = field(default="embedded", metadata={"help": "student: folder, Hub id, .gguf file or 'embedded'"})
     teacher: str | None = field(default=None, metadata={"help": "teacher spec, evaluated alongside the student"})
-    out: str = field(default="outputs/eval", metadata={"help": "output folder"})
     batch_size: int = field(default=4, metadata={"help": "prompts per forward/generate call"})
     device: str = field(default="cuda" if torch.cuda.is_available() else "cpu", metadata={"help": "torch device"})
     dtype: str = field(default="auto", metadata={"help": "auto | float32 | bfloat16 | float16"})
@@ -276,17 +275,19 @@ def main(argv: list[str] | None = None) -> dict:
     from transformers import HfArgumentParser
 
     (args,) = HfArgumentParser(NiahArguments).parse_args_into_dataclasses(args=argv)
-    runs = [(args.model, False, Path(args.out))] + ([(args.teacher, True, Path(args.out) / "teacher")] * bool(args.teacher))
-    student = None
-    for spec, is_teacher, out in runs:
+    runs = [(args.model, False, Path(args.out))]
+    if args.teacher:
+        runs.append((args.teacher, True, Path(args.out) / "teacher"))
+    all_results = []
+    for spec, is_teacher, out in runs:  # one model in memory at a time
         model, tokenizer = load_for_eval(spec, args.device, args.dtype, teacher=is_teacher)
-        results = run_niah(model, tokenizer, args.lengths, args.depths, args.needle, args.prompt_format,
-                           args.samples_per_cell, args.batch_size, args.filler, args.seed, args.max_new_tokens,
-                           model_name=spec)
-        print(f"{spec}: overall {results['overall']:.3f} -> {save_niah(results, out)[0]}")
-        student = student or results
+        all_results.append(run_niah(model, tokenizer, args.lengths, args.depths, args.needle, args.prompt_format,
+                                    args.samples_per_cell, args.batch_size, args.filler, args.seed,
+                                    args.max_new_tokens, model_name=spec))
         del model
-    return student
+        print(f"{spec}: overall {all_results[-1]['overall']:.3f} -> {save_niah(all_results[-1], out)[0]}")
+    return all_results[0]
+
 
 if __name__ == "__main__":
     main()
