@@ -156,8 +156,9 @@ def _prepare_tokenizer(tokenizer):
 
 
 @torch.inference_mode()
-def _generate(model, tokenizer, samples: list[NiahSample], max_new_tokens: int) -> list[str]:
+def _generate(model, tokenizer, samples: list[NiahSample], max_new_tokens: int | None = None) -> list[str]:
     _prepare_tokenizer(tokenizer)
+    max_new_tokens = max_new_tokens or NEEDLES[samples[0].needle_type][1]
     batch = tokenizer([s.prompt for s in samples], return_tensors="pt", padding=True,
                       **_encode_kwargs(samples[0].prompt_format)).to(model_device(model))
     out = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
@@ -169,7 +170,7 @@ def _generate(model, tokenizer, samples: list[NiahSample], max_new_tokens: int) 
 def answer_one(model, tokenizer, sample: NiahSample, max_new_tokens: int | None = None) -> tuple[str, bool, float]:
     """One prompt, for the Space: (generated text, whether it contains the answer, seconds)."""
     start = time.perf_counter()
-    text = _generate(model, tokenizer, [sample], max_new_tokens or NEEDLES[sample.needle_type][1])[0]
+    text = _generate(model, tokenizer, [sample], max_new_tokens)[0]
     return text, sample.answer in text, time.perf_counter() - start
 
 
@@ -186,7 +187,7 @@ def run_niah(model, tokenizer, lengths, depths, needle: str = "passkey", prompt_
     hits: dict[tuple[int, float], list[bool]] = {}
     for start in tqdm(range(0, len(samples), batch_size), desc=f"niah {needle}", unit="batch"):
         chunk = samples[start:start + batch_size]
-        texts = _generate(model, tokenizer, chunk, max_new_tokens or NEEDLES[needle][1])
+        texts = _generate(model, tokenizer, chunk, max_new_tokens)
         for sample, text in zip(chunk, texts):
             hits.setdefault((sample.context_len, sample.depth), []).append(sample.answer in text)
     accuracy = {str(l): {f"{d:g}": sum(hits[l, d]) / len(hits[l, d]) for d in depths} for l in lengths}

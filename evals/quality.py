@@ -215,7 +215,7 @@ def evaluate_quality(model, tokenizer, tasks=TASKS, data_dir: str | None = None,
     if teacher is not None:
         teacher_tokenizer = teacher_tokenizer or tokenizer
         teacher_scores = {task: score_task(teacher, teacher_tokenizer, task, docs[task], batch_size) for task in tasks}
-        recovery = {task: 100 * scores[task][metric[task]] / teacher_scores[task][metric[task]]
+        recovery = {task: scores[task][metric[task]] / teacher_scores[task][metric[task]] * 100
                     if teacher_scores[task][metric[task]] else None for task in tasks}
         defined = [r for r in recovery.values() if r is not None]
         recovery["average"] = sum(defined) / len(defined) if defined else None
@@ -243,9 +243,9 @@ def save_quality(results: dict, out_dir: str | os.PathLike) -> tuple[Path, Path]
     json_path.write_text(json.dumps(results, indent=2) + "\n")
 
     tasks, metric = list(results["tasks"]), results["recovery_metric"]
-    bars = [(results["model"], results["tasks"])]
+    bars = [(f"student: {results['model']}", results["tasks"])]
     if results["teacher_tasks"]:
-        bars.append((results["teacher"], results["teacher_tasks"]))
+        bars.append((f"teacher: {results['teacher']}", results["teacher_tasks"]))
     width = 0.8 / len(bars)
     fig = Figure(figsize=(1.6 * len(tasks) + 2, 4.5))
     FigureCanvasAgg(fig)

@@ -54,8 +54,8 @@ def linearize(teacher, mixer: str = "gated_deltanet", **options) -> LinzooForCau
 
         teacher, _ = load_teacher(teacher)
     config = student_config(teacher.config, mixer, **options)
-    dtype = next(teacher.parameters()).dtype
-    student = LinzooForCausalLM(config).to(dtype)
+    weight = next(teacher.parameters())
+    student = LinzooForCausalLM(config).to(device=weight.device, dtype=weight.dtype)
     state = {k: v for k, v in teacher.state_dict().items() if not k.endswith("rotary_emb.inv_freq")}
     result = student.load_state_dict(state, strict=False)
     if result.unexpected_keys:

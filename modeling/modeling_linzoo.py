@@ -21,6 +21,31 @@ from .mixers import MIXER_CLASSES, RMSNorm
 _CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
+class LinzooCache(DynamicCache):
+    """`DynamicCache(config=...)` that also counts the tokens it has seen.
+
+    transformers 5.17's `generate` asks the cache for its length, which a DynamicCache holding only
+    linear-attention layers cannot answer; the count answers it for every layer type.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seen_tokens = 0
+
+    def get_seq_length(self, layer_idx=0):
+        return self.seen_tokens
+
+    @property
+    def is_compileable(self):
+        # Keeps generate() from replacing our 2D padding mask by 4D attention masks (5.17 does for compileable
+        # caches). Graph capture of decoding is `linzoo.graphs.GraphedDecoder`'s job.
+        return False
+
+    def reset(self):
+        super().reset()
+        self.seen_tokens = 0
+
+
 class LinzooMLP(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -168,7 +193,7 @@ class LinzooModel(LinzooPreTrainedModel):
         cache = cache if cache is not None else past_key_values
         use_cache = use_cache if use_cache is not None else self.config.use_cache
         if use_cache and cache is None and not self.training:
-            cache = DynamicCache(config=self.config)
+            cache = LinzooCache(config=self.config)
         if not use_cache:
             cache = None
         if attention_mask is not None and attention_mask.dim() != 2:
@@ -201,6 +226,8 @@ class LinzooModel(LinzooPreTrainedModel):
             if output_hidden_states:
                 all_hidden += (hidden_states,)
         hidden_states = self.norm(hidden_states)
+        if isinstance(cache, LinzooCache):
+            cache.seen_tokens += T
         return BaseModelOutputWithPast(
             last_hidden_state=hidden_states, hidden_states=all_hidden, **{_CACHE_FIELD: cache}
         )
@@ -226,6 +253,11 @@ class LinzooForCausalLM(LinzooPreTrainedModel, GenerationMixin):
 
     def set_output_embeddings(self, value):
         self.lm_head = value
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
+        if generation_config.use_cache is not False and model_kwargs.get(_CACHE_FIELD) is None:
+            model_kwargs[_CACHE_FIELD] = LinzooCache(config=self.config)
+        return super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, past_key_values=None,
                 inputs_embeds=None, labels=None, use_cache=None, output_hidden_states=None, logits_to_keep=0,
