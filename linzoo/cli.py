@@ -30,7 +30,8 @@ def main(argv=None):
         if len(argv) >= words and name in COMMANDS:
             module = importlib.import_module(COMMANDS[name][0])
             sys.argv = [f"linzoo {name}", *argv[words:]]
-            return module.main(argv[words:])
+            result = module.main(argv[words:])
+            return result if isinstance(result, int) else 0
     print(usage(), file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
     return 0 if argv[:1] in (["-h"], ["--help"]) else 2
 
