@@ -219,13 +219,15 @@ class LinzooModel(LinzooPreTrainedModel):
             }
 
         hidden_states = inputs_embeds
-        all_hidden = (hidden_states,) if output_hidden_states else None
+        all_hidden = () if output_hidden_states else None
         for i, layer in enumerate(self.layers):
-            kw = attn_kwargs if i in self.config.attn_layers else mixer_kwargs
-            hidden_states = layer(hidden_states, attention_mask, cache, kw)
             if output_hidden_states:
                 all_hidden += (hidden_states,)
+            kw = attn_kwargs if i in self.config.attn_layers else mixer_kwargs
+            hidden_states = layer(hidden_states, attention_mask, cache, kw)
         hidden_states = self.norm(hidden_states)
+        if output_hidden_states:  # as Llama: embeddings, each layer's input, then the final normed state
+            all_hidden += (hidden_states,)
         if isinstance(cache, LinzooCache):
             cache.seen_tokens += T
         return BaseModelOutputWithPast(
@@ -261,7 +263,14 @@ class LinzooForCausalLM(LinzooPreTrainedModel, GenerationMixin):
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, past_key_values=None,
                 inputs_embeds=None, labels=None, use_cache=None, output_hidden_states=None, logits_to_keep=0,
-                **kwargs):
+                layer_inputs=None, **kwargs):
+        if layer_inputs is not None:
+            # Teacher forcing for attention transfer: layer i's mixer on the given input of layer i, nothing else.
+            # Going through forward() keeps DDP/FSDP wrappers in charge of gradient sync.
+            outs = tuple(
+                layer.self_attn(x, attention_mask=attention_mask) for layer, x in zip(self.model.layers, layer_inputs)
+            )
+            return CausalLMOutputWithPast(hidden_states=outs)
         outputs = self.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
             cache=cache if cache is not None else past_key_values, inputs_embeds=inputs_embeds,

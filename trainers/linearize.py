@@ -1,0 +1,155 @@
+"""`linzoo linearize`: teacher -> linear student in three stages, one run.
+
+    linzoo linearize --teacher embedded --mixer gated_deltanet --total_tokens 20000000 \
+        --max_seq_length 2048 --per_device_train_batch_size 8 --bf16 true --output_dir runs/gdn-135m
+    linzoo linearize --config recipes/135m/gated_deltanet.yaml          # YAML < flags
+
+Stages (budget split by --stage_fractions, default 0.1/0.2/0.7): 1 attention transfer (only mixers
+train), 2 hidden-state alignment, 3 knowledge distillation. Each stage checkpoints under
+<output_dir>/stageN-*; a rerun of the same command skips finished stages and resumes the running one
+from its last checkpoint (same stage, same step). The final folder loads with
+`AutoModelForCausalLM.from_pretrained(<output_dir>, trust_remote_code=True)`.
+"""
+
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+from transformers.trainer_utils import get_last_checkpoint
+from trl import TrlParser
+
+from .linearize_config import LinearizeConfig
+from .linearize_trainer import AttentionTransferTrainer, HiddenAlignmentTrainer, KnowledgeDistillationTrainer
+
+STAGES = (
+    ("stage1-attention-transfer", AttentionTransferTrainer),
+    ("stage2-hidden-alignment", HiddenAlignmentTrainer),
+    ("stage3-kd", KnowledgeDistillationTrainer),
+)
+
+
+def check_compatible(teacher, tokenizer, max_seq_length):
+    """Clear errors for what would otherwise fail deep inside training."""
+    vocab = teacher.config.vocab_size
+    if len(tokenizer) > vocab:
+        raise ValueError(
+            f"Tokenizer has {len(tokenizer)} tokens but the teacher's vocabulary is {vocab}: they do not belong "
+            "together. Pass the teacher's own tokenizer (a folder holding both)."
+        )
+    limit = teacher.config.max_position_embeddings
+    if max_seq_length > limit:
+        raise ValueError(
+            f"--max_seq_length {max_seq_length} is longer than the teacher allows ({limit} positions); "
+            f"use --max_seq_length {limit} or less."
+        )
+
+
+def check_same_vocab(student, teacher):
+    if student.config.vocab_size != teacher.config.vocab_size:
+        raise ValueError(
+            f"Student vocabulary ({student.config.vocab_size}) differs from the teacher's ({teacher.config.vocab_size});"
+            " distillation compares logits token by token, so both must share one tokenizer."
+        )
+
+
+def set_trainable(student, stage):
+    """Stage 1 trains the linear mixers only; later stages train the whole student."""
+    for name, p in student.named_parameters():
+        layer = name.split(".")[2] if name.startswith("model.layers.") else None
+        in_mixer = layer is not None and ".self_attn." in name and int(layer) not in student.config.attn_layers
+        p.requires_grad_(in_mixer if stage == 0 else True)
+
+
+def run_stage(index, student, teacher, tokenizer, dataset, args):
+    name, trainer_cls = STAGES[index]
+    stage_dir = Path(args.output_dir) / name
+    tokens = args.stage_tokens()[index]
+    world = max(torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1, 1)
+    per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.max_seq_length * world
+    steps = max(1, math.ceil(tokens / per_step))
+    cfg = dataclasses.replace(
+        args, output_dir=str(stage_dir), max_steps=steps, learning_rate=args.stage_learning_rates[index],
+        run_name=f"{Path(args.output_dir).name}-{name}",
+    )
+    set_trainable(student, index)
+    trainer = trainer_cls(model=student, args=cfg, train_dataset=dataset, processing_class=tokenizer,
+                          teacher_model=teacher)
+    resume = get_last_checkpoint(str(stage_dir)) if stage_dir.is_dir() else None
+    if resume:
+        print(f"linzoo: resuming {name} from {resume}")
+    print(f"linzoo: {name}: {steps} steps x {per_step} tokens = {steps * per_step:,} tokens")
+    start = time.time()
+    result = trainer.train(resume_from_checkpoint=resume)
+    seconds = time.time() - start
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    summary = {
+        "stage": name, "steps": steps, "tokens": steps * per_step, "seconds": round(seconds, 1),
+        "tokens_per_second": round(steps * per_step / seconds, 1) if not resume else None,
+        "first_loss": losses[0] if losses else None, "final_loss": losses[-1] if losses else result.training_loss,
+    }
+    trainer.save_model(str(stage_dir))
+    (stage_dir / "stage_done.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def linearize_run(args: LinearizeConfig):
+    from .. import linearize, load_teacher
+    from ..data import load_text_dataset, pack_dataset
+    from ..modeling import LinzooForCausalLM
+
+    teacher, tokenizer = load_teacher(args.teacher)
+    check_compatible(teacher, tokenizer, args.max_seq_length)
+    text = load_text_dataset(args.dataset, split="train")
+    dataset = pack_dataset(text, tokenizer, args.max_seq_length, max_tokens=args.total_tokens)
+    out = Path(args.output_dir)
+    summaries, student = [], None
+    for index, (name, _) in enumerate(STAGES):
+        stage_dir = out / name
+        if (stage_dir / "stage_done.json").is_file():
+            print(f"linzoo: {name} already finished, loading {stage_dir}")
+            student = LinzooForCausalLM.from_pretrained(stage_dir, dtype=torch.float32)
+            summaries.append(json.loads((stage_dir / "stage_done.json").read_text()))
+            continue
+        if student is None:
+            student = linearize(teacher, args.mixer, attn_layers=args.attn_layers, kernel_backend=args.kernel_backend)
+            check_same_vocab(student, teacher)
+        if args.stage_tokens()[index] == 0:
+            continue
+        summaries.append(run_stage(index, student, teacher, tokenizer, dataset, args))
+    for p in student.parameters():
+        p.requires_grad_(True)
+    student.config.teacher = args.teacher if args.teacher != "embedded" else teacher.config._name_or_path
+    student.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    record = {
+        "stage": "base", "teacher": student.config.teacher, "mixer": args.mixer, "dataset": args.dataset,
+        "max_seq_length": args.max_seq_length, "total_tokens": args.total_tokens,
+        "stage_fractions": args.stage_fractions, "stage_learning_rates": args.stage_learning_rates,
+        "kd_temperature": args.kd_temperature, "kd_alpha": args.kd_alpha,
+        "tokens": {s["stage"]: s["tokens"] for s in summaries}, "stages": summaries,
+    }
+    (out / "linzoo_training.json").write_text(json.dumps(record, indent=1))
+    print(f"linzoo: saved the {args.mixer} student to {out}")
+    return student, tokenizer, record
+
+
+def main(argv=None):
+    (args,) = TrlParser(LinearizeConfig).parse_args_and_config(argv)
+    student, tokenizer, record = linearize_run(args)
+    for s in record["stages"]:
+        print(f"  {s['stage']:28s} tokens {s['tokens']:>10,}  loss {s['first_loss']} -> {s['final_loss']}")
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True, tokenize=False
+    ) if tokenizer.chat_template else "The capital of France is"
+    inputs = tokenizer(prompt, return_tensors="pt").to(student.device)
+    with torch.no_grad():
+        out = student.eval().generate(**inputs, max_new_tokens=24, do_sample=False)
+    print("sample:", repr(tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)))
+    return 0
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""Configuration of the three linearization stages (one config; each stage trainer reads its fields)."""
+
+from dataclasses import dataclass, field
+
+import torch
+from trl import SFTConfig
+
+from ..modeling.configuration_linzoo import MIXERS
+
+
+@dataclass
+class LinearizeConfig(SFTConfig):
+    r"""
+    Stage 1 (attention transfer), stage 2 (hidden-state alignment) and stage 3 (knowledge distillation) of
+    linearizing a teacher, as in "What Matters in Linearizing Language Models?" (arXiv 2504.14366).
+
+    The total token budget is split across the stages by `stage_fractions` (the paper's 3B recipe: 0.1/0.2/0.7);
+    each stage then runs `tokens / (batch x seq_len x grad_accum x processes)` optimizer steps.
+    """
+
+    teacher: str = field(default="embedded", metadata={"help": "Teacher: Hub id, local folder, .gguf file or 'embedded'."})
+    mixer: str = field(default="gated_deltanet", metadata={"help": f"Token mixer, one of {', '.join(MIXERS)}."})
+    attn_layers: list[int] = field(
+        default_factory=list, metadata={"help": "Layer indices that keep softmax attention (hybrid student)."}
+    )
+    dataset: str = field(
+        default="embedded", metadata={"help": "Text for distillation: 'embedded', local files, or a Hub dataset id."}
+    )
+    total_tokens: int = field(default=20_000_000, metadata={"help": "Token budget over the three stages."})
+    stage_fractions: list[float] = field(
+        default_factory=lambda: [0.1, 0.2, 0.7],
+        metadata={"help": "Share of the budget for attention transfer, hidden-state alignment, KD."},
+    )
+    max_seq_length: int = field(default=2048, metadata={"help": "Tokens per training row."})
+    stage_learning_rates: list[float] = field(
+        default_factory=lambda: [1e-3, 1e-4, 1e-4], metadata={"help": "Peak learning rate of each stage."}
+    )
+    kd_temperature: float = field(default=1.0, metadata={"help": "Softmax temperature of the KL term (stage 3)."})
+    kd_alpha: float = field(
+        default=0.5, metadata={"help": "Stage-3 loss = (1 - kd_alpha) * CE + kd_alpha * T^2 * KL(teacher || student)."}
+    )
+    kd_chunk_size: int = field(
+        default=1024, metadata={"help": "Positions per chunk when forming vocabulary logits in the KD loss."}
+    )
+    kernel_backend: str = field(default="auto", metadata={"help": "'auto', 'fast' (fla kernels) or 'torch'."})
+    # Defaults for a linearization run (overridable like any TrainingArguments field).
+    report_to: list[str] | str | None = field(default="none", metadata={"help": "Trackers (e.g. wandb) or 'none'."})
+    logging_steps: float = field(default=10, metadata={"help": "Log every N steps."})
+    save_steps: float = field(default=200, metadata={"help": "Checkpoint every N steps (resume picks the last)."})
+    save_total_limit: int | None = field(default=2, metadata={"help": "Checkpoints kept per stage."})
+    lr_scheduler_type: str = field(default="cosine", metadata={"help": "Learning-rate schedule of each stage."})
+    warmup_ratio: float = field(default=0.05, metadata={"help": "Warm-up share of each stage."})
+    dataset_kwargs: dict | None = field(
+        default_factory=lambda: {"skip_prepare_dataset": True},
+        metadata={"help": "Rows arrive tokenized and packed (linzoo.data.pack_dataset)."},
+    )
+
+    def __post_init__(self):
+        if self.mixer not in MIXERS:
+            raise ValueError(f"Unknown mixer {self.mixer!r}; valid values are: {', '.join(MIXERS)}.")
+        if len(self.stage_fractions) != 3 or any(f < 0 for f in self.stage_fractions) or sum(self.stage_fractions) <= 0:
+            raise ValueError(f"stage_fractions must be three non-negative numbers, got {self.stage_fractions}.")
+        if len(self.stage_learning_rates) != 3:
+            raise ValueError(f"stage_learning_rates must be three numbers, got {self.stage_learning_rates}.")
+        if self.total_tokens <= 0 or self.max_seq_length <= 0:
+            raise ValueError("total_tokens and max_seq_length must be positive.")
+        if not 0.0 <= self.kd_alpha <= 1.0 or self.kd_temperature <= 0:
+            raise ValueError("kd_alpha must lie in [0, 1] and kd_temperature be positive.")
+        self.max_length = self.max_seq_length
+        if self.bf16 is None:  # TRL defaults to bf16, which a CPU-only machine rejects
+            self.bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported() and not self.fp16
+        super().__post_init__()
+
+    def stage_tokens(self):
+        total = sum(self.stage_fractions)
+        return [int(self.total_tokens * f / total) for f in self.stage_fractions]

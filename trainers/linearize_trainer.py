@@ -1,0 +1,163 @@
+"""Trainers of the three linearization stages, on TRL's SFTTrainer (data, logging, checkpoints, accelerate).
+
+Each overrides only `compute_loss`; the losses are static methods with their own tests.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+from trl import SFTTrainer
+
+
+class TeacherStudentTrainer(SFTTrainer):
+    """SFTTrainer holding a frozen teacher beside the student; stops on a non-finite loss."""
+
+    def __init__(self, *args, teacher_model, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.teacher_model = teacher_model.to(self.accelerator.device).eval().requires_grad_(False)
+
+    def _check_finite(self, loss):
+        if not torch.isfinite(loss):
+            last = self.state.global_step - self.state.global_step % max(int(self.args.save_steps), 1)
+            raise FloatingPointError(
+                f"Non-finite loss ({loss.item()}) at step {self.state.global_step + 1} of {type(self).__name__}. "
+                f"Nothing was saved after it: the last good checkpoint is {self.args.output_dir}/checkpoint-{last} "
+                "(if that step was saved). Lower the learning rate, or use --kernel_backend torch to rule out kernels."
+            )
+        return loss
+
+    def _log_metric(self, name, value):
+        self._metrics["train" if self.model.training else "eval"][name].append(float(value))
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss = self._check_finite(self.stage_loss(model, inputs))
+        return (loss, None) if return_outputs else loss
+
+
+def _layer_io(model, input_ids, attention_mask):
+    """Every decoder layer's attention input (after input_layernorm) and output (after o_proj)."""
+    captured, hooks = [], []
+    for layer in model.model.layers:
+        hooks.append(layer.self_attn.register_forward_hook(
+            lambda m, args, kwargs, out: captured.append(
+                ((args[0] if args else kwargs["hidden_states"]), out[0] if isinstance(out, tuple) else out)
+            ),
+            with_kwargs=True,
+        ))
+    try:
+        model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    return captured
+
+
+class AttentionTransferTrainer(TeacherStudentTrainer):
+    """Stage 1: each student mixer reproduces its teacher attention's output, given the teacher's layer input.
+
+    Teacher-forced and per layer, so layers train independently; only mixer parameters require grad.
+    """
+
+    @staticmethod
+    def attention_transfer_loss(student_outputs, teacher_outputs, mask=None):
+        """Mean over layers of ||s - t||^2 / ||t||^2 (over real tokens).
+
+        Normalising by each layer's own teacher energy keeps the layers with large activations (SmolLM2's
+        residual stream grows with depth) from drowning the others; a perfect student scores 0, a zero
+        output scores 1.
+        """
+        losses = []
+        for s, t in zip(student_outputs, teacher_outputs):
+            s, t = s.float(), t.float()
+            err, energy = (s - t).pow(2).sum(-1), t.pow(2).sum(-1)
+            if mask is not None:
+                err, energy = err * mask, energy * mask
+            losses.append(err.sum() / energy.sum().clamp_min(1e-12))
+        return torch.stack(losses).mean()
+
+    def stage_loss(self, model, inputs):
+        ids, mask = inputs["input_ids"], inputs.get("attention_mask")
+        with torch.no_grad():
+            io = _layer_io(self.teacher_model, ids, mask)
+        student = model(layer_inputs=[x.detach() for x, _ in io], attention_mask=mask).hidden_states
+        return self.attention_transfer_loss(student, [y for _, y in io], None if mask is None else mask.float())
+
+
+class HiddenAlignmentTrainer(TeacherStudentTrainer):
+    """Stage 2: the student, end to end, matches the teacher's hidden states after every layer."""
+
+    @staticmethod
+    def hidden_alignment_loss(student_hidden, teacher_hidden, mask=None):
+        """Mean over layers of ||h_s - h_t||^2 / ||h_t||^2 (per-layer normalised, as stage 1)."""
+        return AttentionTransferTrainer.attention_transfer_loss(student_hidden, teacher_hidden, mask)
+
+    def stage_loss(self, model, inputs):
+        ids, mask = inputs["input_ids"], inputs.get("attention_mask")
+        with torch.no_grad():
+            teacher = self.teacher_model(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
+        student = model(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
+        # hidden_states[0] is the (shared, copied) embedding output; compare after every layer.
+        return self.hidden_alignment_loss(
+            student.hidden_states[1:], teacher.hidden_states[1:], None if mask is None else mask.float()
+        )
+
+
+class KnowledgeDistillationTrainer(TeacherStudentTrainer):
+    """Stage 3 (and instruction-aware distillation): next-token CE + KL(teacher || student) on the logits."""
+
+    @staticmethod
+    def kd_loss(student_hidden, teacher_hidden, student_head, teacher_head, labels, temperature=1.0, alpha=0.5,
+                chunk_size=1024):
+        """(1 - alpha) * CE(student, labels) + alpha * T^2 * KL(teacher_T || student_T), per label token.
+
+        Hidden states come in instead of logits: vocabulary logits are formed `chunk_size` positions at a time
+        in fp32 and recomputed in backward (checkpoint), so the full [tokens, vocab] fp32 logits never exist.
+        `labels` are already aligned with the hidden states (shifted), -100 where nothing is predicted.
+        Returns (loss, ce, kl).
+        """
+        keep = labels != -100
+        hs, ht, y = student_hidden[keep], teacher_hidden[keep], labels[keep]
+        n = max(int(y.numel()), 1)
+
+        def chunk_terms(hs_c, ht_c, y_c):
+            s_logits = student_head(hs_c).float()
+            with torch.no_grad():
+                t_logits = teacher_head(ht_c).float()
+            ce = F.cross_entropy(s_logits, y_c, reduction="sum")
+            kl = F.kl_div(
+                F.log_softmax(s_logits / temperature, -1), F.log_softmax(t_logits / temperature, -1),
+                log_target=True, reduction="sum",
+            )
+            return ce, kl
+
+        ce = kl = hs.new_zeros((), dtype=torch.float32)
+        for start in range(0, y.numel(), chunk_size):
+            part = slice(start, start + chunk_size)
+            c, k = checkpoint(chunk_terms, hs[part], ht[part], y[part], use_reentrant=False)
+            ce, kl = ce + c, kl + k
+        ce, kl = ce / n, kl / n
+        return (1 - alpha) * ce + alpha * temperature**2 * kl, ce, kl
+
+    def stage_loss(self, model, inputs):
+        ids, mask = inputs["input_ids"], inputs.get("attention_mask")
+        labels = inputs.get("labels")
+        if labels is None:
+            labels = ids.masked_fill(mask == 0, -100) if mask is not None else ids
+        extra = {k: inputs[k] for k in ("position_ids",) if k in inputs}
+        # Through the (possibly DDP-wrapped) model, keeping only one position's logits: the KD loss forms the
+        # vocabulary logits itself, in chunks, from the final hidden states.
+        kw = dict(input_ids=ids, attention_mask=mask, use_cache=False, output_hidden_states=True, logits_to_keep=1)
+        with torch.no_grad():
+            teacher = self.teacher_model(**kw, **extra).hidden_states[-1]
+        student = model(**kw, **extra).hidden_states[-1]
+        unwrapped = self.accelerator.unwrap_model(model)
+        shifted = F.pad(labels[:, 1:], (0, 1), value=-100)
+        if "position_ids" in extra:  # packed rows: no prediction across a sequence boundary
+            shifted = shifted.masked_fill(F.pad(extra["position_ids"][:, 1:], (0, 1), value=0) == 0, -100)
+        loss, ce, kl = self.kd_loss(
+            student, teacher, unwrapped.get_output_embeddings(), self.teacher_model.get_output_embeddings(),
+            shifted, self.args.kd_temperature, self.args.kd_alpha, self.args.kd_chunk_size,
+        )
+        self._log_metric("ce", ce.item())
+        self._log_metric("kl", kl.item())
+        return loss
