@@ -18,3 +18,54 @@ def embedded_teacher():
     import linzoo
 
     return linzoo.load_teacher("embedded")
+
+
+# ----------------------------------------------------------------------------------------------
+# Release (test_release.py, test_space.py): a tiny saved gated_deltanet student, built once per
+# session from a random 2-layer Llama and a byte-level BPE tokenizer (so any text, digits and
+# NIAH prompts encode). Tests that change the folder copy it first.
+# ----------------------------------------------------------------------------------------------
+
+RELEASE_TEACHER_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def _release_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from linzoo.evals import niah
+
+    corpus = [niah.INTRO, "Question: What is the pass key? Answer: The pass key is 0123456789. Remember it.",
+              "The river watched the garden before the mountain was quiet again."] * 4
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=["<pad>", "<eos>"],
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
+    fast.chat_template = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
+                          "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    return fast
+
+
+@pytest.fixture(scope="session")
+def tiny_student_dir(tmp_path_factory):
+    """A saved, loadable (trust_remote_code) tiny gated_deltanet student with its tokenizer; no eval files."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import linzoo
+
+    tokenizer = _release_tokenizer()
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
+                         initializer_range=0.2, pad_token_id=tokenizer.pad_token_id,
+                         eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+    teacher = LlamaForCausalLM(config).eval()
+    teacher.config._name_or_path = RELEASE_TEACHER_ID
+    student = linzoo.linearize(teacher, "gated_deltanet")
+    folder = tmp_path_factory.mktemp("release") / "gated_deltanet-base"
+    student.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

@@ -13,7 +13,6 @@ from its last checkpoint (same stage, same step). The final folder loads with
 
 import dataclasses
 import json
-import math
 import time
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import torch
 from transformers.trainer_utils import get_last_checkpoint
 from trl import TrlParser
 
+from .common import save_with_lineage, steps_for_tokens
 from .linearize_config import LinearizeConfig
 from .linearize_trainer import AttentionTransferTrainer, HiddenAlignmentTrainer, KnowledgeDistillationTrainer
 
@@ -66,10 +66,7 @@ def set_trainable(student, stage):
 def run_stage(index, student, teacher, tokenizer, dataset, args):
     name, trainer_cls = STAGES[index]
     stage_dir = Path(args.output_dir) / name
-    tokens = args.stage_tokens()[index]
-    world = max(torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1, 1)
-    per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.max_seq_length * world
-    steps = max(1, math.ceil(tokens / per_step))
+    steps, per_step = steps_for_tokens(args.stage_tokens()[index], args, args.max_seq_length)
     cfg = dataclasses.replace(
         args, output_dir=str(stage_dir), max_steps=steps, learning_rate=args.stage_learning_rates[index],
         run_name=f"{Path(args.output_dir).name}-{name}",
@@ -122,16 +119,15 @@ def linearize_run(args: LinearizeConfig):
     for p in student.parameters():
         p.requires_grad_(True)
     student.config.teacher = args.teacher if args.teacher != "embedded" else teacher.config._name_or_path
-    student.save_pretrained(out)
-    tokenizer.save_pretrained(out)
     record = {
-        "stage": "base", "teacher": student.config.teacher, "mixer": args.mixer, "dataset": args.dataset,
+        "teacher": student.config.teacher, "mixer": args.mixer, "dataset": args.dataset,
         "max_seq_length": args.max_seq_length, "total_tokens": args.total_tokens,
         "stage_fractions": args.stage_fractions, "stage_learning_rates": args.stage_learning_rates,
         "kd_temperature": args.kd_temperature, "kd_alpha": args.kd_alpha,
         "tokens": {s["stage"]: s["tokens"] for s in summaries}, "stages": summaries,
     }
-    (out / "linzoo_training.json").write_text(json.dumps(record, indent=1))
+    save_with_lineage(student, tokenizer, out, "base", student.config.teacher, record)
+    record["stage"] = "base"
     print(f"linzoo: saved the {args.mixer} student to {out}")
     return student, tokenizer, record
 

@@ -2,14 +2,14 @@
 
 from dataclasses import dataclass, field
 
-import torch
 from trl import SFTConfig
 
 from ..modeling.configuration_linzoo import MIXERS
+from .common import KDArguments, default_bf16
 
 
 @dataclass
-class LinearizeConfig(SFTConfig):
+class LinearizeConfig(SFTConfig, KDArguments):
     r"""
     Stage 1 (attention transfer), stage 2 (hidden-state alignment) and stage 3 (knowledge distillation) of
     linearizing a teacher, as in "What Matters in Linearizing Language Models?" (arXiv 2504.14366).
@@ -35,13 +35,6 @@ class LinearizeConfig(SFTConfig):
     stage_learning_rates: list[float] = field(
         default_factory=lambda: [1e-3, 1e-4, 1e-4], metadata={"help": "Peak learning rate of each stage."}
     )
-    kd_temperature: float = field(default=1.0, metadata={"help": "Softmax temperature of the KL term (stage 3)."})
-    kd_alpha: float = field(
-        default=0.5, metadata={"help": "Stage-3 loss = (1 - kd_alpha) * CE + kd_alpha * T^2 * KL(teacher || student)."}
-    )
-    kd_chunk_size: int = field(
-        default=1024, metadata={"help": "Positions per chunk when forming vocabulary logits in the KD loss."}
-    )
     kernel_backend: str = field(default="auto", metadata={"help": "'auto', 'fast' (fla kernels) or 'torch'."})
     # Defaults for a linearization run (overridable like any TrainingArguments field).
     report_to: list[str] | str | None = field(default="none", metadata={"help": "Trackers (e.g. wandb) or 'none'."})
@@ -64,11 +57,9 @@ class LinearizeConfig(SFTConfig):
             raise ValueError(f"stage_learning_rates must be three numbers, got {self.stage_learning_rates}.")
         if self.total_tokens <= 0 or self.max_seq_length <= 0:
             raise ValueError("total_tokens and max_seq_length must be positive.")
-        if not 0.0 <= self.kd_alpha <= 1.0 or self.kd_temperature <= 0:
-            raise ValueError("kd_alpha must lie in [0, 1] and kd_temperature be positive.")
+        self.check_kd()
         self.max_length = self.max_seq_length
-        if self.bf16 is None:  # TRL defaults to bf16, which a CPU-only machine rejects
-            self.bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported() and not self.fp16
+        default_bf16(self)
         super().__post_init__()
 
     def stage_tokens(self):

@@ -1,0 +1,250 @@
+"""`linzoo card`: the model card of one checkpoint folder, written from what was measured.
+
+    linzoo card runs/gdn-135m                                   # writes runs/gdn-135m/README.md
+    linzoo card runs/gdn-135m-sft --repo-id my-org/linzoo-gated-deltanet-instruct \
+        --base-model my-org/linzoo-gated-deltanet-base
+
+The front matter is `ModelCardData` (its model-index from <folder>/eval/quality.json and
+<folder>/eval/niah.json); the body is `template.md`. Lineage, recipe and token counts come from
+config.json, linzoo_training.json and trainer_state.json when present. Anything not measured reads
+"not measured".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+from pathlib import Path
+
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+from linzoo.evals import niah, quality
+
+from .space import NOT_MEASURED, format_bytes, measured, state_sizes
+
+TEMPLATE = Path(__file__).with_name("template.md")
+STAGES = ("base", "instruct", "instruct-distilled")
+QUALITY_FILE, NIAH_FILE = "eval/quality.json", "eval/niah.json"
+HEATMAPS = ("eval/niah_heatmap.png", "niah_heatmap.png")
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+STATE_AT_TOKENS = 4096  # context at which the card compares the fixed state with the teacher's KV cache
+
+# mixer -> (name, its recurrence in one line). S is the per-head [K, V] state.
+MIXERS = {
+    "linear_attn": ("Linear attention",
+                    "S_t = S_{t-1} + φ(k_t) v_tᵀ, o_t = S_tᵀ φ(q_t) with φ = elu + 1 (no decay)"),
+    "retnet": ("RetNet", "S_t = γ_h S_{t-1} + k_t v_tᵀ with a fixed decay γ_h = 1 − 2^(−5−h) per head"),
+    "gla": ("Gated Linear Attention",
+            "S_t = Diag(α_t) S_{t-1} + k_t v_tᵀ with a data-dependent gate α_t per key channel"),
+    "deltanet": ("DeltaNet", "S_t = (I − β_t k_t k_tᵀ) S_{t-1} + β_t k_t v_tᵀ: the delta rule erases before it writes"),
+    "gated_deltanet": ("Gated DeltaNet",
+                       "S_t = α_t (I − β_t k_t k_tᵀ) S_{t-1} + β_t k_t v_tᵀ with a data-dependent decay α_t per head"),
+    "kda": ("Kimi Delta Attention",
+            "S_t = (I − β_t k_t k_tᵀ) Diag(α_t) S_{t-1} + β_t k_t v_tᵀ with a decay α_t per key channel"),
+    "xlstm": ("xLSTM (mLSTM)",
+              "C_t = f_t C_{t-1} + i_t k_t v_tᵀ, n_t = f_t n_{t-1} + i_t k_t, h_t = C_tᵀ q_t / max(|n_tᵀ q_t|, 1)"),
+}
+
+
+def read_json(path: Path, schema: str | None = None) -> dict | None:
+    """The file's JSON, None when it does not exist; a ValueError when it is not the expected schema."""
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    if schema and data.get("schema") != schema:
+        raise ValueError(f"{path} has schema {data.get('schema')!r}, expected {schema!r}")
+    return data
+
+
+def read_results(folder) -> dict:
+    """{"quality": linzoo.quality/v1 dict or None, "niah": linzoo.niah/v1 dict or None}."""
+    folder = Path(folder)
+    return {"quality": read_json(folder / QUALITY_FILE, quality.SCHEMA),
+            "niah": read_json(folder / NIAH_FILE, niah.SCHEMA)}
+
+
+def eval_results(results: dict) -> list[EvalResult]:
+    """The model-index entries of the measured results (the student's own numbers; teacher scores stay in the body)."""
+    out = []
+    if q := results["quality"]:
+        for task, scores in q["tasks"].items():
+            hub, config, split = quality.HUB[task]
+            where = dict(task_type="text-generation", dataset_type=hub, dataset_name=task, dataset_config=config,
+                         dataset_split=split, dataset_args={"limit": q["limit"]} if q["limit"] else None)
+            out += [EvalResult(**where, metric_type=m, metric_name=m, metric_value=scores[m])
+                    for m in ("acc", "acc_norm") if m in scores]
+            if (q["recovery"] or {}).get(task) is not None:
+                out.append(EvalResult(**where, metric_type="teacher_recovery", metric_value=q["recovery"][task],
+                                      metric_name=f"teacher recovery % ({q['recovery_metric'][task]})"))
+        suite = dict(task_type="text-generation", dataset_type="linzoo-zero-shot", dataset_name="zero-shot average")
+        if (q["recovery"] or {}).get("average") is not None:
+            out.append(EvalResult(**suite, metric_type="teacher_recovery", metric_value=q["recovery"]["average"],
+                                  metric_name=f"teacher recovery % over {len(q['tasks'])} tasks"))
+        heldout = dict(task_type="text-generation", dataset_type="linzoo-heldout",
+                       dataset_name=f"held-out text ({q['heldout_tokens']} tokens)")
+        for metric in ("perplexity", "kl_to_teacher"):
+            if q.get(metric) is not None:
+                out.append(EvalResult(**heldout, metric_type=metric, metric_name=metric, metric_value=q[metric]))
+    if n := results["niah"]:
+        where = dict(task_type="text-generation", dataset_type=f"linzoo-niah-{n['needle']}",
+                     dataset_name=f"needle in a haystack ({n['needle']}, {n['prompt_format']} prompt)")
+        out.append(EvalResult(**where, metric_type="accuracy", metric_name="overall accuracy",
+                              metric_value=n["overall"]))
+        out += [EvalResult(**where, metric_type="accuracy", metric_name=f"accuracy at {length} tokens",
+                           metric_config=str(length), metric_value=value)
+                for length, value in n["mean_by_length"].items()]
+    return out
+
+
+def eval_key(result: EvalResult) -> tuple:
+    """What identifies one number of a model-index, to compare a card with the results files."""
+    return (result.dataset_type, result.dataset_config, result.dataset_split, result.metric_type, result.metric_name,
+            result.metric_config)
+
+
+def checkpoint_info(folder) -> dict:
+    """Lineage and training facts of a folder: config.json, linzoo_training.json, trainer_state.json."""
+    folder = Path(folder)
+    config = read_json(folder / "config.json")
+    if config is None:
+        raise FileNotFoundError(f"{folder} holds no config.json: not a model folder.")
+    training = read_json(folder / "linzoo_training.json") or {}
+    state = read_json(folder / "trainer_state.json") or {}
+    stage = config.get("linzoo_stage") or training.get("stage") or "base"
+    parent = config.get("linzoo_parent") or training.get("parent")
+    return {"config": config, "training": training, "trainer_state": state, "stage": stage,
+            "teacher": config.get("teacher") or training.get("teacher"), "parent": parent}
+
+
+def is_hub_id(name: str | None) -> bool:
+    return bool(name) and bool(HUB_ID.match(name)) and not Path(name).exists()
+
+
+def default_base_model(info: dict) -> str | None:
+    """The teacher for a base student, the parent checkpoint for the instruct stages."""
+    return info["teacher"] if info["stage"] == "base" else info["parent"] or info["teacher"]
+
+
+def _quality_rows(q: dict | None) -> list[list[str]]:
+    if q is None:
+        return [[task, "acc_norm" if task in quality.NORMED else "acc", NOT_MEASURED, NOT_MEASURED, NOT_MEASURED]
+                for task in quality.TASKS]
+    rows = []
+    for task, scores in q["tasks"].items():
+        metric = q["recovery_metric"][task]
+        teacher = (q["teacher_tasks"] or {}).get(task, {}).get(metric)
+        recovery = measured((q["recovery"] or {}).get(task), "{:.1f}%")
+        rows.append([task, metric, measured(scores[metric]), measured(teacher), recovery])
+    return rows
+
+
+def _training_rows(info: dict) -> dict:
+    training, state = info["training"], info["trainer_state"]
+    skip = {"stage", "parent", "teacher", "tokens", "stages", "final_losses", "dataset", "recipe", "first_loss",
+            "final_loss"}
+    recipe = training.get("recipe") or {k: v for k, v in training.items()
+                                        if k not in skip and isinstance(v, (str, int, float, bool, list))}
+    tokens = [[name, f"{n:,}" if isinstance(n, int) else str(n)]
+              for name, n in (training.get("tokens") or {}).items() if n is not None]
+    if state.get("num_input_tokens_seen"):
+        tokens.append(["trainer_state.json: tokens seen", f"{state['num_input_tokens_seen']:,}"])
+    losses = dict(training.get("final_losses") or {})
+    for s in training.get("stages") or []:
+        losses.setdefault(s["stage"], s.get("final_loss"))
+    if training.get("final_loss") is not None:  # the sft / distill-instruct record: one stage, one loss
+        losses.setdefault(info["stage"], training["final_loss"])
+    logged = [h["loss"] for h in state.get("log_history", []) if "loss" in h]
+    if logged:
+        losses.setdefault(f"last logged loss (step {state.get('global_step')})", logged[-1])
+    return {"recipe": [[k, json.dumps(v) if isinstance(v, list) else str(v)] for k, v in recipe.items()],
+            "tokens": tokens, "losses": [[k, measured(v, "{:.4f}")] for k, v in losses.items()]}
+
+
+def _params(folder: Path) -> int | None:
+    from safetensors import safe_open
+
+    files = sorted(folder.glob("*.safetensors"))
+    total = 0
+    for path in files:
+        with safe_open(str(path), "pt") as f:
+            for name in f.keys():
+                total += math.prod(f.get_slice(name).get_shape())
+    return total if files else None
+
+
+def build_card(folder, repo_id: str | None = None, base_model: str | None = None) -> ModelCard:
+    """The model card of `folder`. `base_model` overrides the recorded teacher/parent (use a Hub id)."""
+    folder = Path(folder)
+    info = checkpoint_info(folder)
+    config, stage, mixer = info["config"], info["stage"], info["config"].get("mixer")
+    if mixer not in MIXERS:
+        raise ValueError(f"{folder}/config.json has mixer {mixer!r}; a linzoo student has one of {sorted(MIXERS)}")
+    results = read_results(folder)
+    base_model = base_model or default_base_model(info)
+    base_model = base_model if is_hub_id(base_model) else None  # a local path is no Hub base model
+    dataset = info["training"].get("dataset")
+    name = repo_id or folder.resolve().name
+    data = ModelCardData(
+        model_name=name,
+        license="apache-2.0",
+        base_model=base_model,
+        base_model_relation="finetune" if base_model else None,
+        pipeline_tag="text-generation",
+        library_name="transformers",
+        datasets=[dataset] if is_hub_id(dataset) else None,
+        tags=["linzoo", "linear-attention", mixer, stage, "distillation"],
+        eval_results=eval_results(results) or None,
+    )
+    n = results["niah"]
+    q = results["quality"]
+    size = state_sizes(config, STATE_AT_TOKENS)
+    heatmap = next((h for h in HEATMAPS if (folder / h).is_file()), None)
+    return ModelCard.from_template(
+        data,
+        template_path=str(TEMPLATE),
+        name=name,
+        repo=repo_id or str(folder),
+        mixer=mixer,
+        mixer_name=MIXERS[mixer][0],
+        recurrence=MIXERS[mixer][1],
+        stage=stage,
+        lineage=" → ".join(f"**{step} (this model)**" if step == stage else step
+                           for step in (info["teacher"] or "teacher", *STAGES)),
+        teacher=info["teacher"] or "the teacher (not recorded)",
+        parent=info["parent"],
+        base=base_model,
+        dataset=dataset,
+        arch=config,
+        params=_params(folder),
+        state=format_bytes(size.recurrent + size.conv),
+        teacher_kv=format_bytes(size.teacher_kv),
+        state_tokens=STATE_AT_TOKENS,
+        **_training_rows(info),
+        quality=q,
+        quality_rows=_quality_rows(q),
+        average_recovery=measured((q["recovery"] or {}).get("average") if q else None, "{:.1f}%"),
+        perplexity=measured(q and q.get("perplexity"), "{:.2f}"),
+        kl=measured(q and q.get("kl_to_teacher"), "{:.4f}"),
+        niah=n,
+        niah_rows=[[length, f"{acc:.2f}"] for length, acc in n["mean_by_length"].items()] if n else [],
+        niah_overall=measured(n and n["overall"], "{:.3f}"),
+        heatmap=heatmap,
+        not_measured=NOT_MEASURED,
+        not_recorded="not recorded",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="linzoo card", description="Write <folder>/README.md from measured results.")
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--repo-id", help="the Hub repo the card is for (usage snippet and model-index name)")
+    parser.add_argument("--base-model", help="Hub id of the parent (default: the recorded teacher / parent)")
+    args = parser.parse_args(argv)
+    card = build_card(args.folder, args.repo_id, args.base_model)
+    path = args.folder / "README.md"
+    card.save(path)
+    print(f"linzoo: wrote {path} ({len(card.data.eval_results or [])} eval results; "
+          f"base_model {card.data.base_model or 'left out: not a Hub id, pass --base-model'})")
+    return 0

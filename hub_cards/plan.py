@@ -1,0 +1,258 @@
+"""What `linzoo push` and `linzoo push-zoo` upload, the checks that must pass first, and the upload itself.
+
+A plan is a repo id plus the exact files (path in repo, size) of one commit. Before anything is sent,
+a checkpoint must (1) load with `trust_remote_code` in a fresh Python process, (2) hold safetensors
+weights and no pickle files, and (3) get a card whose model-index numbers, read back from its YAML,
+equal the results files'. The dry run prints all of it and touches no network.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from huggingface_hub import CommitOperationAdd, CommitOperationDelete, ModelCard, SpaceCard
+
+from .card import (NIAH_FILE, QUALITY_FILE, build_card, checkpoint_info, default_base_model, eval_key, eval_results,
+                   read_results)
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib")
+UPLOAD_SUBFOLDERS = ("eval",)  # travel with the weights; stage checkpoints and the like stay home
+EVAL_FILES = ("niah.json", "niah_heatmap.png", "quality.json", "quality.png")
+LOGIN_HOW = "log in once with `hf auth login` (or set the HF_TOKEN environment variable to a token with write access)"
+LOGIN_HELP = f"No Hugging Face token found: {LOGIN_HOW}, then run the command again."
+
+
+class ReleaseError(Exception):
+    """A reason to stop before (or instead of) uploading, worded for the person at the terminal."""
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+@dataclass
+class RepoPlan:
+    repo_id: str
+    repo_type: str  # "model" | "space"
+    source: Path
+    files: list[tuple[str, Path | bytes]]  # (path in repo, local file or generated content)
+    front_matter: str
+    private: bool = False
+    revision: str | None = None
+    skipped: list[str] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+    variables: dict[str, str] = field(default_factory=dict)  # Space variables
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    def size(self, content: Path | bytes) -> int:
+        return len(content) if isinstance(content, bytes) else content.stat().st_size
+
+    def operations(self) -> list[CommitOperationAdd]:
+        return [CommitOperationAdd(path_in_repo=path, path_or_fileobj=content if isinstance(content, bytes) else
+                                   str(content)) for path, content in self.files]
+
+    def describe(self, overwrite: bool = False, create_pr: bool = False) -> str:
+        total = sum(self.size(c) for _, c in self.files)
+        where = f"{'private' if self.private else 'public'}, branch {self.revision or 'main'}"
+        existing = ("sent as a pull request (--create-pr)" if create_pr else
+                    "its files replaced and stale ones deleted (--overwrite)" if overwrite else
+                    "refused (pass --overwrite or --create-pr)")
+        lines = [f"{self.repo_type} repo {self.repo_id}  ({where}; if it exists already: {existing})",
+                 f"  from {self.source}", f"  files ({len(self.files)}, {total:,} bytes):"]
+        lines += [f"    {self.size(c):>13,}  {path}{'  (generated)' if isinstance(c, bytes) else ''}"
+                  for path, c in self.files]
+        if self.skipped:
+            lines.append(f"  not uploaded: {', '.join(self.skipped)}")
+        lines += [f"  variable {key}={value}" for key, value in self.variables.items()]
+        lines.append("  card front matter:")
+        lines += [f"    {line}" for line in self.front_matter.strip().splitlines()]
+        lines += [f"  note: {note}" for note in self.notes]
+        lines.append("  checks:")
+        lines += [f"    [{'ok' if c.ok else 'FAIL'}] {c.name}{': ' + c.detail if c.detail else ''}"
+                  for c in self.checks]
+        return "\n".join(lines)
+
+
+def upload_files(folder: Path) -> tuple[list[tuple[str, Path]], list[str]]:
+    """(files to upload, what is left out): top-level files and the eval/ folder; no hidden files, no README.md
+    (the card is generated), no other subfolders (stage checkpoints, optimizer states)."""
+    files, skipped = [], []
+    for path in sorted(folder.iterdir()):
+        if path.name.startswith(".") or path.name == "README.md":
+            continue
+        if path.is_dir():
+            if path.name in UPLOAD_SUBFOLDERS:
+                files += [(p.relative_to(folder).as_posix(), p) for p in sorted(path.rglob("*"))
+                          if p.is_file() and not p.name.startswith(".")]
+            else:
+                skipped.append(f"{path.name}/")
+        else:
+            files.append((path.name, path))
+    return files, skipped
+
+
+def check_weights(files: list[tuple[str, Path | bytes]]) -> Check:
+    name = "weights are safetensors only"
+    pickles = [path for path, _ in files if path.lower().endswith(PICKLE_SUFFIXES)]
+    if pickles:
+        return Check(name, False, f"refusing pickle files {pickles}: re-save with save_pretrained "
+                                  "(safe_serialization) or delete them")
+    weights = [path for path, _ in files if path.endswith(".safetensors")]
+    return Check(name, bool(weights), ", ".join(weights) if weights else "no .safetensors file")
+
+
+_LOAD = """
+import json, sys, torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True).eval()
+tokenizer = AutoTokenizer.from_pretrained(sys.argv[1], trust_remote_code=True)
+with torch.no_grad():
+    logits = model(**tokenizer("The pass key is", return_tensors="pt")).logits
+print("LOADED", json.dumps({"module": type(model).__module__, "cls": type(model).__name__,
+                  "mixer": getattr(model.config, "mixer", None), "finite": bool(torch.isfinite(logits).all()),
+                  "params": sum(p.numel() for p in model.parameters())}))
+"""
+
+
+def check_loads(folder: Path, timeout: int = 900) -> Check:
+    """Load the folder in a fresh interpreter (sys.executable), offline, from an empty working directory."""
+    name = "loads with trust_remote_code in a fresh Python"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    with tempfile.TemporaryDirectory() as cwd:
+        try:
+            run = subprocess.run([sys.executable, "-c", _LOAD, str(folder.resolve())], cwd=cwd, env=env,
+                                 capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return Check(name, False, f"timed out after {timeout} s")
+    if run.returncode != 0 or "LOADED" not in run.stdout:
+        error = run.stderr.strip().splitlines()[-1] if run.stderr.strip() else f"exit {run.returncode}"
+        return Check(name, False, error)
+    got = json.loads(run.stdout.rsplit("LOADED", 1)[1])
+    remote = got["module"].startswith("transformers_modules")  # the folder's own code, not an installed package
+    ok = remote and got["finite"]
+    detail = f"{got['cls']} ({got['mixer']}), {got['params']:,} parameters"
+    detail += "" if remote else f"; loaded from {got['module']}, not the folder's remote code"
+    return Check(name, ok, detail + ("" if got["finite"] else "; logits are not finite"))
+
+
+def check_card(folder: Path, card: ModelCard) -> Check:
+    """The card's model-index, parsed back from its YAML, equals the numbers in the results files."""
+    name = "card numbers equal the results files"
+    results = read_results(folder)
+    expected = {eval_key(r): r.metric_value for r in eval_results(results)}
+    got = {eval_key(r): r.metric_value for r in ModelCard(str(card)).data.eval_results or []}
+    if got != expected:
+        diff = sorted(set(got.items()) ^ set(expected.items()), key=str)[:3]
+        return Check(name, False, f"card and files differ: {diff}")
+    missing = [f for f, key in ((QUALITY_FILE, "quality"), (NIAH_FILE, "niah")) if results[key] is None]
+    return Check(name, True, f"{len(expected)} numbers" + (f"; {', '.join(missing)} missing: the card says "
+                                                            "'not measured'" if missing else ""))
+
+
+def plan_checkpoint(folder, repo_id: str, private: bool = False, revision: str | None = None,
+                    base_model: str | None = None, load_check: bool = True) -> RepoPlan:
+    """The plan of one model repo: its files, the generated card and the three checks."""
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise ReleaseError(f"{folder} is not a model folder (no config.json).")
+    try:
+        card = build_card(folder, repo_id, base_model)
+    except ValueError as err:
+        raise ReleaseError(str(err)) from err
+    files, skipped = upload_files(folder)
+    files.append(("README.md", str(card).encode()))
+    info = checkpoint_info(folder)
+    checks = [check_weights(files), check_card(folder, card)]
+    recorded = base_model or default_base_model(info)
+    checks.append(Check("base_model is a Hub id", bool(card.data.base_model),
+                        card.data.base_model or f"{recorded!r} is not a Hub id: pass --base-model ORG/NAME"))
+    if load_check:
+        checks.insert(0, check_loads(folder))
+    notes = []
+    if (folder / "README.md").is_file() and (folder / "README.md").read_text() != str(card):
+        notes.append("README.md in the folder differs from the regenerated card; the regenerated card is uploaded")
+    return RepoPlan(repo_id, "model", folder, files, card.data.to_yaml(), private, revision, skipped, checks,
+                    notes=notes)
+
+
+def plan_space(space_dir, repo_id: str, models: list[str], results: dict[str, Path],
+               private: bool = False) -> RepoPlan:
+    """The Space repo: app files, README front matter listing `models`, and results/<name>/ from each eval folder."""
+    space_dir = Path(space_dir)
+    card = SpaceCard.load(space_dir / "README.md")
+    card.data.models = [m for m in models if "/" in m]
+    files: list[tuple[str, Path | bytes]] = [("README.md", str(card).encode())]
+    files += [(p.name, p) for p in sorted(space_dir.iterdir())
+              if p.is_file() and p.name != "README.md" and not p.name.startswith(".")]
+    for name, eval_dir in results.items():
+        files += [(f"results/{name}/{f}", eval_dir / f) for f in EVAL_FILES if (eval_dir / f).is_file()]
+    pin = next((line.split("==")[1].strip() for line in (space_dir / "requirements.txt").read_text().splitlines()
+                if line.startswith("gradio==")), None)
+    checks = [Check("app.py present", (space_dir / "app.py").is_file()),
+              Check("sdk_version equals the gradio pin of requirements.txt", str(card.data.sdk_version) == pin,
+                    f"sdk_version {card.data.sdk_version}, requirements gradio=={pin}")]
+    return RepoPlan(repo_id, "space", space_dir, files, card.data.to_yaml(), private, None, [], checks,
+                    {"LINZOO_SPACE_MODELS": ",".join(models)})
+
+
+def hub_token() -> str:
+    """The saved or $HF_TOKEN token; a ReleaseError saying how to log in when there is none."""
+    from huggingface_hub import get_token
+
+    token = get_token()
+    if not token:
+        raise ReleaseError(LOGIN_HELP)
+    return token
+
+
+def hub_error(err, doing: str) -> ReleaseError:
+    """A ReleaseError for a failed Hub call: its HTTP status and, for 401/403, how to log in (never the token)."""
+    status = getattr(getattr(err, "response", None), "status_code", None)
+    hint = f"; {LOGIN_HOW}" if status in (401, 403) else ""
+    return ReleaseError(f"The Hub answered {status or type(err).__name__} while {doing}{hint}.")
+
+
+def repo_exists(api, repo_id: str, repo_type: str, overwrite: bool, create_pr: bool) -> bool:
+    """Whether the repo exists; a ReleaseError when it does and neither --overwrite nor --create-pr allows a commit."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    try:
+        exists = api.repo_exists(repo_id, repo_type=repo_type)
+    except HfHubHTTPError as err:
+        raise hub_error(err, f"looking up {repo_id}") from None
+    if exists and not (overwrite or create_pr):
+        raise ReleaseError(f"{repo_type} repo {repo_id} already exists; nothing was uploaded. Pass --overwrite "
+                           "to replace its files, or --create-pr to send them as a pull request.")
+    return exists
+
+
+def upload(api, plan: RepoPlan, exists: bool, create_pr: bool = False) -> str:
+    """One commit with exactly the plan's files (an existing repo also loses files the plan does not have)."""
+    if not exists:
+        api.create_repo(plan.repo_id, repo_type=plan.repo_type, private=plan.private,
+                        space_sdk="gradio" if plan.repo_type == "space" else None)
+    if plan.revision and not create_pr:
+        api.create_branch(plan.repo_id, branch=plan.revision, repo_type=plan.repo_type, exist_ok=True)
+    operations: list = plan.operations()
+    if exists:
+        planned = {path for path, _ in plan.files} | {".gitattributes"}
+        stale = set(api.list_repo_files(plan.repo_id, repo_type=plan.repo_type, revision=plan.revision)) - planned
+        operations += [CommitOperationDelete(path_in_repo=path) for path in sorted(stale)]
+    info = api.create_commit(plan.repo_id, operations, commit_message=f"linzoo: upload {plan.source.name}",
+                             repo_type=plan.repo_type, revision=plan.revision, create_pr=create_pr and exists)
+    for key, value in plan.variables.items():
+        api.add_space_variable(plan.repo_id, key, value)
+    return info.pr_url or info.commit_url

@@ -1,0 +1,129 @@
+"""`linzoo push-zoo`: the 7 mixers x 3 stages found under <root>/<mixer>/<stage>, the NIAH Space and a
+Hub collection holding them. A dry run (the plan of every repo, no network) unless --execute.
+
+    linzoo push-zoo runs/zoo --org my-org                # the plan; missing checkpoints are listed
+    linzoo push-zoo runs/zoo --org my-org --execute      # after `hf auth login`
+
+Repos: <org>/linzoo-<mixer>-<stage> (underscores as dashes) and the Space <org>/linzoo-niah, which gets
+every eval/ folder under results/<mixer>/<stage>/ and lists the checkpoints (plus the teacher) in its
+README and $LINZOO_SPACE_MODELS. An instruct stage's base_model is its recorded parent when that is a
+Hub id or one of the zoo's folders, else the nearest earlier stage of the same mixer (said so in the plan).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from linzoo import MIXERS
+
+from .card import STAGES, checkpoint_info, is_hub_id
+from .plan import ReleaseError, hub_error, hub_token, plan_checkpoint, plan_space, repo_exists, upload
+from .space import APP
+
+SPACE_NAME = "linzoo-niah"
+COLLECTION_TITLE = "linzoo: linearized SmolLM2 students"
+
+
+def repo_name(org: str, mixer: str, stage: str) -> str:
+    return f"{org}/linzoo-{mixer.replace('_', '-')}-{stage}"
+
+
+def find_zoo(root) -> tuple[dict[tuple[str, str], Path], list[tuple[str, str]]]:
+    """({(mixer, stage): folder} of the checkpoints present, [(mixer, stage)] of those missing)."""
+    found, missing = {}, []
+    for mixer in MIXERS:
+        for stage in STAGES:
+            folder = Path(root) / mixer / stage
+            if (folder / "config.json").is_file():
+                found[mixer, stage] = folder
+            else:
+                missing.append((mixer, stage))
+    return found, missing
+
+
+def base_models(found: dict, org: str) -> dict[tuple[str, str], tuple[str | None, str | None]]:
+    """(base_model override or None for the recorded one, a note when it is assumed) per checkpoint."""
+    by_path = {folder.resolve(): key for key, folder in found.items()}
+    out = {}
+    for (mixer, stage), folder in found.items():
+        parent = checkpoint_info(folder)["parent"]
+        if stage == "base" or is_hub_id(parent):
+            out[mixer, stage] = (None, None)
+        elif parent and Path(parent).resolve() in by_path:
+            out[mixer, stage] = (repo_name(org, *by_path[Path(parent).resolve()]), None)
+        else:
+            earlier = [s for s in STAGES[:STAGES.index(stage)] if (mixer, s) in found]
+            guess = repo_name(org, mixer, earlier[-1]) if earlier else None
+            out[mixer, stage] = (guess, f"recorded parent {parent!r} is not in the zoo; assumed {guess}"
+                                 if guess else None)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="linzoo push-zoo", description="Upload the whole zoo, its Space and a "
+                                                                         "collection (dry run unless --execute).")
+    parser.add_argument("root", type=Path, help="folder holding <mixer>/<stage> checkpoint folders")
+    parser.add_argument("--org", required=True, help="Hub user or organisation")
+    parser.add_argument("--execute", action="store_true", help="really upload (default: print the plan only)")
+    parser.add_argument("--private", action="store_true", help="create the repos and the collection private")
+    parser.add_argument("--space-dir", type=Path, default=APP.parent, help="the Space folder (default: %(default)s)")
+    existing = parser.add_mutually_exclusive_group()
+    existing.add_argument("--overwrite", action="store_true", help="replace the files of existing repos")
+    existing.add_argument("--create-pr", action="store_true", help="send the files to existing repos as PRs")
+    args = parser.parse_args(argv)
+    try:
+        return push_zoo(args)
+    except ReleaseError as err:
+        print(f"linzoo push-zoo: {err}", file=sys.stderr)
+        return 1
+
+
+def push_zoo(args) -> int:
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    token = hub_token() if args.execute else None  # before the slow checks
+    found, missing = find_zoo(args.root)
+    if not found:
+        raise ReleaseError(f"no checkpoint under {args.root}/<mixer>/<stage> (mixers {', '.join(MIXERS)}; "
+                           f"stages {', '.join(STAGES)}).")
+    print(("" if args.execute else "DRY RUN, nothing is sent\n") +
+          f"zoo {args.root}: {len(found)} of {len(MIXERS) * len(STAGES)} checkpoints found")
+    bases = base_models(found, args.org)
+    plans = []
+    for (mixer, stage), folder in found.items():
+        override, note = bases[mixer, stage]
+        plan = plan_checkpoint(folder, repo_name(args.org, mixer, stage), args.private, base_model=override)
+        plan.notes += [note] if note else []
+        plans.append(plan)
+    teachers = sorted({t for f in found.values() if is_hub_id(t := checkpoint_info(f)["teacher"])})
+    space = plan_space(args.space_dir, f"{args.org}/{SPACE_NAME}", [p.repo_id for p in plans] + teachers,
+                       {f"{m}/{s}": folder / "eval" for (m, s), folder in found.items()}, args.private)
+    plans.append(space)
+    for plan in plans:
+        print("\n" + plan.describe(args.overwrite, args.create_pr))
+    print("\nmissing (not uploaded): " + (", ".join(f"{m}/{s}" for m, s in missing) or "none"))
+    print(f"collection {COLLECTION_TITLE!r} in {args.org}: {len(plans)} items "
+          f"({len(plans) - 1} models and the Space {space.repo_id})")
+    failed = [p.repo_id for p in plans if not p.ok]
+    if failed:
+        raise ReleaseError(f"checks failed for {', '.join(failed)}; nothing was uploaded.")
+    if not args.execute:
+        print("\ndry run: all checks pass. Run again with --execute to upload.")
+        return 0
+
+    api = HfApi(token=token)
+    exists = {p.repo_id: repo_exists(api, p.repo_id, p.repo_type, args.overwrite, args.create_pr) for p in plans}
+    try:
+        for plan in plans:
+            print(f"linzoo: {plan.repo_id} -> {upload(api, plan, exists[plan.repo_id], args.create_pr)}")
+        collection = api.create_collection(COLLECTION_TITLE, namespace=args.org, private=args.private, exists_ok=True,
+                                           description="Seven linear mixers x three stages, and a NIAH Space.")
+        for plan in plans:
+            api.add_collection_item(collection.slug, plan.repo_id, plan.repo_type, exists_ok=True)
+    except HfHubHTTPError as err:
+        raise hub_error(err, "uploading the zoo") from None
+    print(f"linzoo: collection {collection.url}")
+    return 0

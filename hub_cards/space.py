@@ -1,0 +1,267 @@
+"""The NIAH Space without its UI: model choices and a load-once cache, one query over one to three
+models, the haystack as HTML with the needle marked, fixed-state vs KV-cache sizes, and the view of
+measured results. `spaces/niah/app.py` wires these into Gradio; `linzoo space` runs that app locally.
+
+    linzoo space --models runs/main,embedded --port 7860
+    LINZOO_SPACE_MODELS=org/linzoo-gated-deltanet-base python spaces/niah/app.py   # as on the Hub
+
+Environment (what `linzoo space` flags set): LINZOO_SPACE_MODELS (comma-separated model specs, the
+first is preselected), LINZOO_SPACE_RESULTS (comma-separated folders or results files),
+LINZOO_SPACE_FILLER (haystack filler: "embedded", a linzoo.data spec or a .txt path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from linzoo.evals import niah
+
+MAX_CONTEXT = 4096  # a free CPU Space (2 vCPU) still answers a 135M model within a minute here
+MAX_MODELS = 3
+CUSTOM = "custom"  # needle choice: the user's own haystack, question and expected answer
+NEEDLE_CHOICES = (*niah.NEEDLES, CUSTOM)
+CUSTOM_MAX_NEW_TOKENS = 32
+DEFAULT_FOLDER = "runs/main"  # where the main training job leaves its student
+APP = Path(__file__).resolve().parents[1] / "spaces" / "niah" / "app.py"
+RESULT_HEADERS = ["model", "expected", "answer", "verdict", "seconds", "prompt tokens",
+                  "state at this context", "teacher KV cache at this context"]
+RESULT_WIDTHS = ["20%", "9%", "21%", "9%", "7%", "7%", "14%", "13%"]
+NIAH_HEADERS = ["model", "needle", "prompt", "overall", "accuracy by length"]
+CORRECT, WRONG = "✓ correct", "✗ wrong"
+NOT_MEASURED = "not measured"
+
+
+def _env_list(name: str) -> list[str]:
+    return [item.strip() for item in os.environ.get(name, "").split(",") if item.strip()]
+
+
+def default_models() -> list[str]:
+    """$LINZOO_SPACE_MODELS, else the main job's student (runs/main) and the embedded teacher."""
+    models = _env_list("LINZOO_SPACE_MODELS")
+    if models:
+        return models
+    return [DEFAULT_FOLDER, "embedded"] if (Path(DEFAULT_FOLDER) / "config.json").is_file() else ["embedded"]
+
+
+def results_paths() -> list[Path]:
+    """$LINZOO_SPACE_RESULTS, else the `results/` folder of the working directory (the Space repo)."""
+    return [Path(p) for p in _env_list("LINZOO_SPACE_RESULTS") or ["results"]]
+
+
+@lru_cache(maxsize=MAX_MODELS + 1)  # one query's models stay loaded; each is loaded once while in use
+def load(spec: str):
+    """(model, tokenizer) through `linzoo.load_model`, fp32 on CPU, in eval mode."""
+    from linzoo import load_model
+
+    return load_model(spec)
+
+
+@lru_cache(maxsize=2)
+def filler_texts(spec: str) -> tuple[str, ...]:
+    return tuple(niah.load_texts(spec, split="test"))
+
+
+@dataclass(frozen=True)
+class StateSize:
+    """Bytes one sequence keeps while decoding at a given context length."""
+
+    recurrent: int  # linear layers: heads x K x V fp32 per layer, whatever the context length
+    conv: int  # linear layers' short-conv windows: (q + k + v channels) x conv_size in the model dtype
+    attention_kv: int  # softmax layers (a hybrid student's, or a teacher's): 2 x kv_heads x head_dim x tokens
+    teacher_kv: int  # the teacher's KV cache at this context: 2 x layers x kv_heads x head_dim x tokens x bytes
+
+    @property
+    def total(self) -> int:
+        return self.recurrent + self.conv + self.attention_kv
+
+
+def _field(config, name, default=None):
+    return config.get(name, default) if isinstance(config, dict) else getattr(config, name, default)
+
+
+def state_sizes(config, tokens: int, dtype_bytes: int = 4) -> StateSize:
+    """Cache sizes for `config` (a config object or config.json dict) at `tokens` tokens of context.
+    A model that is not a linzoo student is all softmax attention: its state is its KV cache."""
+    layers, heads = _field(config, "num_hidden_layers"), _field(config, "num_attention_heads")
+    kv_heads = _field(config, "num_key_value_heads") or heads
+    head_dim = _field(config, "head_dim") or _field(config, "hidden_size") // heads
+    kv_per_layer = 2 * kv_heads * head_dim * tokens * dtype_bytes
+    if _field(config, "model_type") != "linzoo":
+        return StateSize(0, 0, layers * kv_per_layer, layers * kv_per_layer)
+    softmax_layers = len(_field(config, "attn_layers") or ())
+    linear_layers = layers - softmax_layers
+    value_dim = head_dim + 1 if _field(config, "mixer") == "xlstm" else head_dim  # mLSTM's normaliser column
+    recurrent = linear_layers * heads * head_dim * value_dim * 4  # linear_ops keeps states in fp32
+    conv = 0
+    if _field(config, "use_short_conv"):
+        conv = linear_layers * (heads + 2 * kv_heads) * head_dim * _field(config, "conv_size", 4) * dtype_bytes
+    return StateSize(recurrent, conv, softmax_layers * kv_per_layer, layers * kv_per_layer)
+
+
+def format_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024 or unit == "MiB":
+            return f"{n:,} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def describe_state(size: StateSize) -> str:
+    if size.recurrent == 0 and size.conv == 0:
+        return f"{format_bytes(size.attention_kv)} KV cache (grows with context)"
+    text = f"{format_bytes(size.recurrent + size.conv)} fixed"
+    return text + (f" + {format_bytes(size.attention_kv)} KV (softmax layers)" if size.attention_kv else "")
+
+
+def highlight_html(haystack: str, spans: list[tuple[int, int]]) -> str:
+    """The haystack as escaped HTML, each (start, end) character span wrapped in <mark>."""
+    parts, last = [], 0
+    for start, end in sorted(s for s in spans if s[1] > s[0]):
+        parts += [html.escape(haystack[last:start]), f'<mark class="needle">{html.escape(haystack[start:end])}</mark>']
+        last = end
+    parts.append(html.escape(haystack[last:]))
+    body = "".join(parts)
+    return ('<div class="haystack" style="max-height:22em;overflow-y:auto;white-space:pre-wrap;'
+            f'font-size:0.85em;border:1px solid #ccc;padding:0.5em">{body}</div>')
+
+
+def custom_sample(tokenizer, haystack: str, question: str, answer: str, prompt_format: str = "raw",
+                  max_context: int = MAX_CONTEXT) -> niah.NiahSample:
+    """A NIAH sample from the user's own haystack; the needle span is the expected answer's first occurrence."""
+    haystack, question, answer = haystack.strip(), question.strip(), answer.strip()
+    if not (haystack and question and answer):
+        raise ValueError("A custom needle needs a haystack, a question and the expected answer.")
+    prompt = niah.format_prompt(tokenizer, haystack, question, prompt_format)
+    n_tokens = len(tokenizer(prompt, **niah._encode_kwargs(prompt_format))["input_ids"])
+    if n_tokens > max_context:
+        raise ValueError(f"Your haystack makes a {n_tokens}-token prompt; this Space allows {max_context}.")
+    start = haystack.find(answer)
+    span = (start, start + len(answer)) if start >= 0 else (0, 0)
+    return niah.NiahSample(prompt, answer, answer, question, haystack, span, n_tokens, n_tokens,
+                           start / max(len(haystack), 1) if start >= 0 else 0.0, CUSTOM, prompt_format)
+
+
+def _no_progress(*args, **kwargs):
+    pass
+
+
+def run_query(models: list[str], context_len: int, depth: float, needle: str = "passkey", seed: int = 0,
+              prompt_format: str = "raw", haystack: str = "", question: str = "", answer: str = "",
+              progress=_no_progress) -> tuple[str, list[list]]:
+    """Ask each model for the needle: (haystack HTML with the needle marked, one RESULT_HEADERS row per model).
+    A passkey/uuid haystack is built per model (its own tokenizer) from one seed, so the needle is the same."""
+    models = [m for m in dict.fromkeys(models or []) if m]
+    if not 1 <= len(models) <= MAX_MODELS:
+        raise ValueError(f"Pick one to {MAX_MODELS} models (got {len(models)}).")
+    if needle not in NEEDLE_CHOICES:
+        raise ValueError(f"needle must be one of {NEEDLE_CHOICES}, got {needle!r}")
+    context_len = int(context_len)
+    if needle != CUSTOM and not 64 <= context_len <= MAX_CONTEXT:
+        raise ValueError(f"Context length must lie in 64..{MAX_CONTEXT} tokens on this Space, got {context_len}.")
+    rows, shown = [], None
+    for i, spec in enumerate(models):
+        progress(i / len(models), desc=f"loading {spec}")
+        model, tokenizer = load(spec)
+        progress((i + 0.3) / len(models), desc=f"{spec}: reading the haystack")
+        if needle == CUSTOM:
+            sample = custom_sample(tokenizer, haystack, question, answer, prompt_format)
+        else:
+            filler = list(filler_texts(os.environ.get("LINZOO_SPACE_FILLER", "embedded")))
+            sample = niah.build_haystack(tokenizer, filler, context_len, float(depth), needle, int(seed), prompt_format)
+        text, correct, seconds = niah.answer_one(model, tokenizer, sample,
+                                                 CUSTOM_MAX_NEW_TOKENS if needle == CUSTOM else None)
+        size = state_sizes(model.config, sample.n_tokens, next(model.parameters()).element_size())
+        rows.append([spec, sample.answer, text.strip(), CORRECT if correct else WRONG, round(seconds, 2),
+                     sample.n_tokens, describe_state(size), format_bytes(size.teacher_kv)])
+        shown = shown or sample
+    progress(1.0, desc="done")
+    return highlight_html(shown.haystack, [shown.needle_span]), rows
+
+
+def _read_results(path: Path, schema: str) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("schema") == schema else None
+
+
+def measured(value, pattern: str = "{:.3f}") -> str:
+    """A result as text; "not measured" where there is none (never a filled-in number)."""
+    return NOT_MEASURED if value is None else pattern.format(value)
+
+
+def results_view(paths: list[Path] | None = None) -> tuple[str, list[tuple[str, str]], list[list], list[list]]:
+    """(note, heatmap gallery items, recovery rows, NIAH rows) from every niah.json / quality.json under `paths`."""
+    from linzoo.evals import quality
+
+    files = []
+    for path in map(Path, paths if paths is not None else results_paths()):
+        files += sorted(path.rglob("*.json")) if path.is_dir() else [path] if path.is_file() else []
+    gallery, recovery, niah_rows = [], [], []
+    for path in files:
+        if data := _read_results(path, niah.SCHEMA):
+            by_length = ", ".join(f"{length}: {acc:.2f}" for length, acc in data["mean_by_length"].items())
+            niah_rows.append([data["model"], data["needle"], data["prompt_format"], f"{data['overall']:.3f}",
+                              by_length])
+            if (png := path.with_name("niah_heatmap.png")).is_file():
+                gallery.append((str(png), f"{data['model']}: NIAH {data['needle']}, overall {data['overall']:.2f}"))
+        elif data := _read_results(path, quality.SCHEMA):
+            rec = data.get("recovery") or {}
+            recovery.append([data["model"], data.get("teacher") or NOT_MEASURED,
+                             *(measured(rec.get(task), "{:.1f}%") for task in quality.TASKS),
+                             measured(rec.get("average"), "{:.1f}%"), measured(data.get("perplexity"), "{:.2f}")])
+    if not (niah_rows or recovery):
+        return "no results yet", [], [], []
+    return f"{len(niah_rows)} NIAH and {len(recovery)} quality results files.", gallery, recovery, niah_rows
+
+
+def recovery_headers() -> list[str]:
+    from linzoo.evals import quality
+
+    return ["model", "teacher", *quality.TASKS, "average", "perplexity"]
+
+
+def load_app(path: Path = APP):
+    """The Space's app.py as a module (it is no package file: it lives in the Space folder)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("linzoo_niah_app", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def launch(demo, results: list[Path], host: str | None = None, port: int | None = None, block: bool = True) -> str:
+    """Serve `demo` one query at a time (a CPU Space has no room for two) and return its local URL.
+    host/port None: Gradio's defaults or $GRADIO_SERVER_NAME / $GRADIO_SERVER_PORT, as on the Hub."""
+    demo.queue(default_concurrency_limit=1).launch(server_name=host, server_port=port, prevent_thread_lock=not block,
+                                                   allowed_paths=[str(p) for p in results])
+    return demo.local_url
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="linzoo space", description="Run the NIAH Gradio Space locally.")
+    parser.add_argument("--models", help="comma-separated model specs (default: $LINZOO_SPACE_MODELS, else runs/main "
+                                         "and embedded); the first is preselected")
+    parser.add_argument("--results", help="comma-separated results folders/files (default: results/)")
+    parser.add_argument("--filler", help="haystack filler: 'embedded', a linzoo.data spec or a .txt path")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=7860)
+    parser.add_argument("--app", type=Path, default=APP, help="the Space's app.py (default: %(default)s)")
+    args = parser.parse_args(argv)
+    if not args.app.is_file():
+        parser.error(f"{args.app} not found: pass --app spaces/niah/app.py from a linzoo checkout")
+    for name, value in (("LINZOO_SPACE_MODELS", args.models), ("LINZOO_SPACE_RESULTS", args.results),
+                        ("LINZOO_SPACE_FILLER", args.filler)):
+        if value:
+            os.environ[name] = value
+    results = results_paths()
+    launch(load_app(args.app).build_demo(default_models(), results), results, args.host, args.port)
+    return 0

@@ -1,0 +1,55 @@
+"""Needle in a haystack: ask linzoo's linear students (and their softmax teacher) for a pass key hidden
+in long text, and compare their fixed recurrent state with the teacher's growing KV cache.
+Only UI wiring lives here; the logic is `linzoo.hub_cards.space` and `linzoo.evals.niah`."""
+
+import gradio as gr
+
+from linzoo.hub_cards import space
+
+
+def ask(models, context_len, depth, needle, seed, prompt_format, haystack, question, answer, progress=gr.Progress()):
+    try:
+        return space.run_query(models, context_len, depth, needle, seed, prompt_format, haystack, question, answer,
+                               progress)
+    except (ValueError, FileNotFoundError) as err:
+        raise gr.Error(str(err)) from err
+
+
+def build_demo(models: list[str], results: list) -> gr.Blocks:
+    with gr.Blocks(title="linzoo NIAH") as demo:
+        gr.Markdown("# linzoo: needle in a haystack\nLinearized SmolLM2 students keep a fixed-size state "
+                    "instead of a KV cache. Can they still find the needle?")
+        with gr.Tab("Ask"):
+            with gr.Row():
+                picked = gr.Dropdown(models, value=models[:1], multiselect=True, max_choices=space.MAX_MODELS,
+                                     allow_custom_value=True, label="models (1-3): Hub id, local folder or embedded")
+                needle = gr.Radio(list(space.NEEDLE_CHOICES), value="passkey", label="needle", elem_id="needle")
+                prompt = gr.Radio(["raw", "chat"], value="raw", label="prompt format")
+            with gr.Row():
+                context = gr.Slider(128, space.MAX_CONTEXT, value=1024, step=128, label="context length (tokens)",
+                                    elem_id="context")
+                depth = gr.Slider(0, 1, value=0.5, step=0.05, label="needle depth (0 = start, 1 = end)")
+                seed = gr.Number(0, precision=0, label="seed (picks the needle and the filler)")
+            with gr.Accordion("Your own haystack (needle: custom)", open=False, elem_id="custom"):
+                haystack = gr.Textbox(lines=6, label="haystack", elem_id="custom-haystack")
+                question = gr.Textbox(label="question", elem_id="custom-question")
+                answer = gr.Textbox(label="expected answer", elem_id="custom-answer")
+            run = gr.Button("Find the needle", variant="primary", elem_id="run")
+            table = gr.Dataframe(headers=space.RESULT_HEADERS, label="answers", interactive=False, wrap=True,
+                                 column_widths=space.RESULT_WIDTHS, elem_id="answers")
+            shown = gr.HTML(label="haystack", elem_id="haystack")
+        with gr.Tab("Measured results"):
+            note = gr.Markdown(elem_id="results-note")
+            gallery = gr.Gallery(label="NIAH heatmaps", columns=2)
+            recovery = gr.Dataframe(headers=space.recovery_headers(), label="teacher recovery", interactive=False)
+            niah_table = gr.Dataframe(headers=space.NIAH_HEADERS, label="NIAH", interactive=False)
+        run.click(ask, [picked, context, depth, needle, seed, prompt, haystack, question, answer], [shown, table],
+                  api_name="ask")
+        demo.load(lambda: space.results_view(results), None, [note, gallery, recovery, niah_table],
+                  api_name="results")
+    return demo
+
+
+if __name__ == "__main__":  # what the Hub runs
+    results = space.results_paths()
+    space.launch(build_demo(space.default_models(), results), results)

@@ -1,0 +1,380 @@
+"""Release: model cards, `linzoo push` and `linzoo push-zoo` on a tiny gated_deltanet student.
+
+Untested here: the real network upload. No honest local server speaking the Hub's commit protocol
+(preupload, NDJSON commits, LFS) exists on this machine, so the upload tests replace `HfApi`'s
+methods with recorders and check what would be sent (repos, commit operations, PR/branch flags,
+Space variables, collection items). The Hub's own validation of the card's YAML (model-index,
+base_model) and of the collection calls is therefore not exercised.
+"""
+
+import json
+import re
+import shutil
+import socket
+from types import SimpleNamespace
+
+import pytest
+from huggingface_hub import CommitOperationDelete, HfApi, ModelCard
+from huggingface_hub.errors import HfHubHTTPError
+
+from linzoo.evals import niah, quality
+from linzoo.hub_cards import card, plan, push, push_zoo
+
+REPO = "tester/linzoo-gated-deltanet-base"
+TEACHER = "HuggingFaceTB/SmolLM2-135M-Instruct"
+FAKE_TOKEN = "hf_NotARealTokenButLooksLikeOne1234567"
+
+# Fake but schema-valid results, written with the evals' own writers.
+QUALITY = {
+    "schema": quality.SCHEMA, "model": REPO, "teacher": "embedded", "limit": 200,
+    "tasks": {"lambada_openai": {"acc": 0.305, "n": 200}, "winogrande": {"acc": 0.52, "n": 200},
+              "arc_easy": {"acc": 0.455, "acc_norm": 0.41, "n": 200},
+              "arc_challenge": {"acc": 0.225, "acc_norm": 0.255, "n": 200},
+              "piqa": {"acc": 0.615, "acc_norm": 0.6, "n": 200}},
+    "teacher_tasks": {"lambada_openai": {"acc": 0.4, "n": 200}, "winogrande": {"acc": 0.53, "n": 200},
+                      "arc_easy": {"acc": 0.5, "acc_norm": 0.45, "n": 200},
+                      "arc_challenge": {"acc": 0.25, "acc_norm": 0.3, "n": 200},
+                      "piqa": {"acc": 0.65, "acc_norm": 0.64, "n": 200}},
+    "recovery": {"lambada_openai": 76.25, "winogrande": 98.11320754716981, "arc_easy": 91.11111111111111,
+                 "arc_challenge": 85.0, "piqa": 93.75, "average": 88.84486373165619},
+    "recovery_metric": {t: "acc_norm" if t in quality.NORMED else "acc" for t in quality.TASKS},
+    "perplexity": 23.456789, "teacher_perplexity": 18.25, "kl_to_teacher": 0.3125, "heldout_tokens": 4096,
+}
+NIAH = {
+    "schema": niah.SCHEMA, "model": REPO, "needle": "passkey", "prompt_format": "raw", "lengths": [512, 1024],
+    "depths": [0.0, 0.5, 1.0], "samples_per_cell": 2,
+    "accuracy": {"512": {"0": 1.0, "0.5": 0.5, "1": 1.0}, "1024": {"0": 0.5, "0.5": 0.0, "1": 1.0}},
+    "mean_by_length": {"512": 0.8333333333333334, "1024": 0.5}, "overall": 0.6666666666666666, "seed": 0,
+}
+# What the card's model-index must say, written out by hand: (dataset name, metric name) -> value.
+EXPECTED_NUMBERS = {
+    **{(t, m): s[m] for t, s in QUALITY["tasks"].items() for m in ("acc", "acc_norm") if m in s},
+    **{(t, f"teacher recovery % ({QUALITY['recovery_metric'][t]})"): QUALITY["recovery"][t] for t in quality.TASKS},
+    ("zero-shot average", "teacher recovery % over 5 tasks"): QUALITY["recovery"]["average"],
+    ("held-out text (4096 tokens)", "perplexity"): 23.456789,
+    ("held-out text (4096 tokens)", "kl_to_teacher"): 0.3125,
+    ("needle in a haystack (passkey, raw prompt)", "overall accuracy"): 0.6666666666666666,
+    ("needle in a haystack (passkey, raw prompt)", "accuracy at 512 tokens"): 0.8333333333333334,
+    ("needle in a haystack (passkey, raw prompt)", "accuracy at 1024 tokens"): 0.5,
+}
+
+
+@pytest.fixture
+def student(tiny_student_dir, tmp_path):
+    """A private copy of the tiny student with eval/quality.json, eval/niah.json and the NIAH heatmap."""
+    folder = shutil.copytree(tiny_student_dir, tmp_path / "gated_deltanet-base")
+    quality.save_quality(QUALITY, folder / "eval")
+    niah.save_niah(NIAH, folder / "eval")
+    return folder
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Any socket connection from this process fails the test (the load check's subprocess runs offline)."""
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"network access attempted: {args[1:]}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+
+
+@pytest.fixture
+def fast_load_check(monkeypatch):
+    """Stands in for the fresh-process load check where a test is about something else (it costs ~8 s a folder);
+    test_dry_run_prints_the_plan and test_load_check_catches_broken_remote_code run the real one."""
+    monkeypatch.setattr(plan, "check_loads", lambda folder: plan.Check("loads (stubbed in this test)", True))
+
+
+def card_numbers(model_card) -> dict:
+    return {(r.dataset_name, r.metric_name): r.metric_value for r in model_card.data.eval_results or []}
+
+
+# ------------------------------------------------------------------------------------------ cards
+
+
+def test_card_round_trips_through_modelcard_load(student):
+    assert card.main([str(student), "--repo-id", REPO]) == 0
+    loaded = ModelCard.load(student / "README.md")
+    assert card_numbers(loaded) == EXPECTED_NUMBERS
+    data = loaded.data
+    assert (data.license, data.base_model, data.base_model_relation) == ("apache-2.0", TEACHER, "finetune")
+    assert (data.pipeline_tag, data.library_name) == ("text-generation", "transformers")
+    assert {"linzoo", "linear-attention", "gated_deltanet", "base"} <= set(data.tags)
+    assert data.eval_results[0].dataset_type == "EleutherAI/lambada_openai"
+    text = loaded.text
+    assert card.MIXERS["gated_deltanet"][1] in text
+    assert "**base (this model)**" in text and f"{TEACHER} → **base" in text
+    assert "| arc_challenge | acc_norm | 0.255 | 0.300 | 85.0% |" in text
+    assert "**88.8%**" in text and "0.667" in text
+    assert "![NIAH accuracy by context length and needle depth](eval/niah_heatmap.png)" in text
+    assert f'repo = "{REPO}"' in text and "trust_remote_code=True" in text and 'pip install "linzoo[gpu]"' in text
+    assert "eprint        = {2504.14366}" in text and "What Matters in Linearizing Language Models?" in text
+    assert "not measured" not in text.split("## Results")[1].split("## Usage")[0]
+
+
+def test_every_mixer_has_a_recurrence_line():
+    import linzoo
+
+    assert set(card.MIXERS) == set(linzoo.MIXERS)
+    assert all(name and "_t" in line for name, line in card.MIXERS.values())
+
+
+def test_missing_results_read_not_measured(tiny_student_dir, tmp_path):
+    folder = shutil.copytree(tiny_student_dir, tmp_path / "s")
+    bare = card.build_card(folder)
+    assert not bare.data.eval_results
+    results = bare.text.split("## Results")[1].split("## Usage")[0]
+    assert results.count("not measured") == 5 * 3 + 1 + 2 + 1  # task rows, average, ppl + KL, NIAH
+    assert not re.search(r"\d\.\d", results)  # no number filled in anywhere
+
+    niah.save_niah(NIAH, folder / "eval")  # NIAH measured, quality not
+    build = card.build_card(folder)
+    assert set(card_numbers(build)) == {k for k in EXPECTED_NUMBERS if k[0].startswith("needle")}
+    table = build.text.split("| task | metric |")[1].split("**average**")[0]
+    assert table.count("not measured") == 15 and "0.667" in build.text
+
+
+def test_lineage_recipe_and_tokens_from_the_training_record(tiny_student_dir, tmp_path):
+    folder = shutil.copytree(tiny_student_dir, tmp_path / "instruct")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "linzoo_stage": "instruct",
+                                                    "linzoo_parent": "tester/linzoo-gated-deltanet-base"}))
+    (folder / "linzoo_training.json").write_text(json.dumps({
+        "stage": "instruct", "recipe": {"learning_rate": 2e-5, "epochs": 1},
+        "tokens": {"attention_transfer": 1000000, "hidden_alignment": 2000000, "kd": 7000000},
+        "dataset": "HuggingFaceTB/smoltalk", "final_losses": {"sft": 1.2345}}))
+    (folder / "trainer_state.json").write_text(json.dumps({
+        "global_step": 40, "num_input_tokens_seen": 655360, "log_history": [{"loss": 1.5}, {"loss": 1.25}]}))
+    built = card.build_card(folder)
+    assert built.data.base_model == "tester/linzoo-gated-deltanet-base"
+    assert built.data.datasets == ["HuggingFaceTB/smoltalk"] and "instruct" in built.data.tags
+    text = built.text
+    assert "base → **instruct (this model)** → instruct-distilled" in text
+    assert "| trainer_state.json: tokens seen | 655,360 |" in text and "| last logged loss (step 40) | 1.2500 |" in text
+    assert "| kd | 7,000,000 |" in text and "| learning_rate | 2e-05 |" in text and "| sft | 1.2345 |" in text
+    assert "apply_chat_template" in text
+
+    # The record `linzoo sft` writes today.
+    (folder / "linzoo_training.json").write_text(json.dumps({
+        "stage": "instruct", "parent": "runs/gdn", "dataset": "embedded", "tokens": {"sft": 5000},
+        "seconds": 12.5, "first_loss": 2.0, "final_loss": 1.5, "lora": False}))
+    (folder / "trainer_state.json").unlink()
+    text = card.build_card(folder).text
+    assert "| sft | 5,000 |" in text and "| instruct | 1.5000 |" in text and "| lora | False |" in text
+    assert "final_loss" not in text
+
+    # The record the linearize trainer writes today (per-stage summaries), and a parent that is a local path.
+    (folder / "config.json").write_text(json.dumps({**config, "linzoo_stage": "instruct",
+                                                    "linzoo_parent": str(tiny_student_dir)}))
+    (folder / "linzoo_training.json").write_text(json.dumps({
+        "stage": "instruct", "dataset": "embedded", "total_tokens": 100,
+        "tokens": {"stage1-attention-transfer": 10, "stage3-kd": 90},
+        "stages": [{"stage": "stage3-kd", "final_loss": 2.5}]}))
+    built = card.build_card(folder)
+    assert built.data.base_model is None and built.data.datasets is None
+    assert "| stage3-kd | 90 |" in built.text and "| stage3-kd | 2.5000 |" in built.text
+    assert "| total_tokens | 100 |" in built.text and "Training data: embedded" in built.text
+    checks = {c.name: c for c in plan.plan_checkpoint(folder, REPO, load_check=False).checks}
+    assert not checks["base_model is a Hub id"].ok and "--base-model" in checks["base_model is a Hub id"].detail
+    fixed = plan.plan_checkpoint(folder, REPO, base_model="tester/linzoo-gated-deltanet-base", load_check=False)
+    assert fixed.ok
+
+
+# ------------------------------------------------------------------------------------------ push
+
+
+def test_dry_run_prints_the_plan(student, no_network, capsys):
+    assert push.main([str(student), "--repo-id", REPO, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("DRY RUN, nothing is sent") and f"model repo {REPO}" in out
+    for path in ("config.json", "model.safetensors", "tokenizer.json", "modeling_linzoo.py", "eval/quality.json",
+                 "eval/niah.json", "eval/niah_heatmap.png"):
+        assert f"{(student / path).stat().st_size:>13,}  {path}\n" in out
+    assert "README.md  (generated)" in out
+    assert f"    base_model: {TEACHER}" in out and "    model-index:" in out
+    assert "      value: 0.6666666666666666" in out
+    assert "[ok] loads with trust_remote_code in a fresh Python: LinzooForCausalLM (gated_deltanet)" in out
+    assert "[ok] weights are safetensors only" in out and "[ok] card numbers equal the results files: 19" in out
+    assert "FAIL" not in out
+
+
+def test_load_check_catches_broken_remote_code(tiny_student_dir, tmp_path):
+    folder = shutil.copytree(tiny_student_dir, tmp_path / "broken")
+    (folder / "mixers.py").write_text("raise ImportError('mixers went missing')\n")
+    check = plan.check_loads(folder)
+    assert not check.ok and "mixers went missing" in check.detail
+
+
+def test_pickles_are_refused_and_checkpoints_stay_home(student, fast_load_check, capsys):
+    (student / "stage1-attention-transfer").mkdir()
+    (student / "stage1-attention-transfer" / "optimizer.pt").write_bytes(b"\x80\x04")
+    assert push.main([str(student), "--repo-id", REPO, "--dry-run"]) == 0
+    assert "not uploaded: stage1-attention-transfer/" in capsys.readouterr().out
+
+    (student / "pytorch_model.bin").write_bytes(b"\x80\x04K\x01.")
+    assert push.main([str(student), "--repo-id", REPO, "--dry-run"]) == 1
+    captured = capsys.readouterr()
+    assert "[FAIL] weights are safetensors only: refusing pickle files ['pytorch_model.bin']" in captured.out
+    assert "a check failed; nothing was uploaded" in captured.err
+
+
+def test_card_mismatch_is_caught(student):
+    built = card.build_card(student, REPO)
+    edited = ModelCard(str(built).replace("value: 0.305", "value: 0.35"))
+    check = plan.check_card(student, edited)
+    assert not check.ok and "differ" in check.detail
+    assert plan.check_card(student, built).ok
+
+
+def test_no_token_says_how_to_log_in(student, tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.setattr(HfApi, "repo_exists", lambda *a, **k: pytest.fail("no Hub call without a token"))
+    assert push.main([str(student), "--repo-id", REPO]) == 1
+    err = capsys.readouterr().err
+    assert "hf auth login" in err and "HF_TOKEN" in err
+    assert push_zoo.main([str(tmp_path), "--org", "tester", "--execute"]) == 1
+    assert "hf auth login" in capsys.readouterr().err
+
+
+def test_a_rejected_token_is_never_printed(student, monkeypatch, capsys):
+    monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
+
+    def unauthorized(self, repo_id, **kwargs):
+        response = SimpleNamespace(status_code=401, headers={}, request=None)
+        raise HfHubHTTPError(f"401 Unauthorized for {repo_id}", response=response)
+
+    monkeypatch.setattr(HfApi, "repo_exists", unauthorized)
+    assert push.main([str(student), "--repo-id", REPO]) == 1
+    captured = capsys.readouterr()
+    assert "401" in captured.err and "hf auth login" in captured.err
+    assert FAKE_TOKEN not in captured.out + captured.err
+
+
+class HubRecorder:
+    """Stands in for the HfApi methods the release uses; records every call."""
+
+    def __init__(self, monkeypatch, existing=(), files=()):
+        self.calls, self.existing, self.files = [], set(existing), list(files)
+        for name in ("repo_exists", "create_repo", "create_branch", "list_repo_files", "create_commit",
+                     "add_space_variable", "create_collection", "add_collection_item"):
+            monkeypatch.setattr(HfApi, name, getattr(self, name))
+        monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
+
+    def named(self, name):
+        return [kwargs for call, kwargs in self.calls if call == name]
+
+    def repo_exists(self, repo_id, **kw):
+        self.calls.append(("repo_exists", {"repo_id": repo_id, **kw}))
+        return repo_id in self.existing
+
+    def create_repo(self, repo_id, **kw):
+        self.calls.append(("create_repo", {"repo_id": repo_id, **kw}))
+
+    def create_branch(self, repo_id, **kw):
+        self.calls.append(("create_branch", {"repo_id": repo_id, **kw}))
+
+    def list_repo_files(self, repo_id, **kw):
+        return self.files
+
+    def create_commit(self, repo_id, operations, **kw):
+        self.calls.append(("create_commit", {"repo_id": repo_id, "operations": operations, **kw}))
+        url = f"https://huggingface.co/{repo_id}/commit/1"
+        pr_url = url.replace("commit/1", "discussions/1") if kw["create_pr"] else None
+        return SimpleNamespace(commit_url=url, pr_url=pr_url)
+
+    def add_space_variable(self, repo_id, key, value, **kw):
+        self.calls.append(("add_space_variable", {"repo_id": repo_id, "key": key, "value": value}))
+
+    def create_collection(self, title, **kw):
+        self.calls.append(("create_collection", {"title": title, **kw}))
+        return SimpleNamespace(slug=f"{kw['namespace']}/linzoo-0123", url="https://huggingface.co/collections/x")
+
+    def add_collection_item(self, slug, item_id, item_type, **kw):
+        self.calls.append(("add_collection_item", {"slug": slug, "item_id": item_id, "item_type": item_type}))
+
+
+def test_existing_repo_is_not_overwritten_without_a_flag(student, monkeypatch, capsys):
+    hub = HubRecorder(monkeypatch, existing={REPO})
+    assert push.main([str(student), "--repo-id", REPO]) == 1
+    err = capsys.readouterr().err
+    assert "already exists" in err and "--overwrite" in err and "--create-pr" in err
+    assert [c for c, _ in hub.calls] == ["repo_exists"]  # refused before any check or write
+
+
+def test_upload_sends_exactly_the_plan(student, fast_load_check, monkeypatch, capsys):
+    hub = HubRecorder(monkeypatch)
+    assert push.main([str(student), "--repo-id", REPO, "--private", "--revision", "v1"]) == 0
+    assert hub.named("create_repo") == [{"repo_id": REPO, "repo_type": "model", "private": True, "space_sdk": None}]
+    assert hub.named("create_branch")[0]["branch"] == "v1"
+    (commit,) = hub.named("create_commit")
+    assert commit["revision"] == "v1" and commit["create_pr"] is False
+    sent = {op.path_in_repo: op for op in commit["operations"]}
+    expected, _ = plan.upload_files(student)
+    assert set(sent) == {path for path, _ in expected} | {"README.md"}
+    readme = ModelCard(sent["README.md"].path_or_fileobj.decode())
+    assert card_numbers(readme) == EXPECTED_NUMBERS
+    assert "uploaded" in capsys.readouterr().out
+
+
+def test_overwrite_deletes_stale_files_and_create_pr_opens_a_pr(student, fast_load_check, monkeypatch, capsys):
+    hub = HubRecorder(monkeypatch, existing={REPO}, files=["old.bin", "config.json", ".gitattributes"])
+    assert push.main([str(student), "--repo-id", REPO, "--overwrite"]) == 0
+    (commit,) = hub.named("create_commit")
+    deleted = [op.path_in_repo for op in commit["operations"] if isinstance(op, CommitOperationDelete)]
+    assert deleted == ["old.bin"]
+    assert not hub.named("create_repo")
+
+    hub = HubRecorder(monkeypatch, existing={REPO})
+    assert push.main([str(student), "--repo-id", REPO, "--create-pr"]) == 0
+    assert hub.named("create_commit")[0]["create_pr"] is True and "discussions/1" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------ the zoo
+
+
+@pytest.fixture
+def zoo(student, tmp_path):
+    """<root>/gated_deltanet/{base,instruct}; the instruct folder records its parent as a local path."""
+    root = tmp_path / "zoo"
+    base = shutil.copytree(student, root / "gated_deltanet" / "base")
+    instruct = shutil.copytree(student, root / "gated_deltanet" / "instruct", ignore=shutil.ignore_patterns("eval"))
+    config = json.loads((instruct / "config.json").read_text())
+    config.update(linzoo_stage="instruct", linzoo_parent=str(base))
+    (instruct / "config.json").write_text(json.dumps(config))
+    return root
+
+
+def test_push_zoo_dry_run_lists_the_matrix(zoo, fast_load_check, no_network, capsys):
+    assert push_zoo.main([str(zoo), "--org", "tester"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("DRY RUN") and "2 of 21 checkpoints found" in out
+    assert "model repo tester/linzoo-gated-deltanet-base " in out
+    assert "model repo tester/linzoo-gated-deltanet-instruct " in out
+    assert "    base_model: tester/linzoo-gated-deltanet-base" in out  # the parent folder mapped to its repo
+    missing = out.split("missing (not uploaded): ")[1].splitlines()[0].split(", ")
+    assert len(missing) == 19 and {"xlstm/instruct-distilled", "gated_deltanet/instruct-distilled"} <= set(missing)
+    space = out.split("space repo tester/linzoo-niah")[1]
+    assert "results/gated_deltanet/base/niah.json" in space and "results/gated_deltanet/base/niah_heatmap.png" in space
+    assert f"    - tester/linzoo-gated-deltanet-instruct\n    - {TEACHER}" in space and "sdk_version: 6.31.0" in space
+    assert "collection 'linzoo: linearized SmolLM2 students' in tester: 3 items" in out
+
+
+def test_push_zoo_execute_uploads_and_collects(zoo, fast_load_check, monkeypatch, capsys):
+    hub = HubRecorder(monkeypatch)
+    assert push_zoo.main([str(zoo), "--org", "tester", "--execute"]) == 0
+    repos = ["tester/linzoo-gated-deltanet-base", "tester/linzoo-gated-deltanet-instruct", "tester/linzoo-niah"]
+    assert [c["repo_id"] for c in hub.named("create_repo")] == repos
+    assert hub.named("create_repo")[2]["space_sdk"] == "gradio"
+    assert hub.named("add_space_variable") == [{"repo_id": "tester/linzoo-niah", "key": "LINZOO_SPACE_MODELS",
+                                                "value": ",".join(repos[:2] + [TEACHER])}]
+    assert [(c["item_id"], c["item_type"]) for c in hub.named("add_collection_item")] == list(
+        zip(repos, ["model", "model", "space"], strict=True))
+    assert hub.named("create_collection")[0]["namespace"] == "tester"
+
+
+def test_push_zoo_refuses_before_uploading_anything(zoo, fast_load_check, monkeypatch, capsys):
+    hub = HubRecorder(monkeypatch, existing={"tester/linzoo-gated-deltanet-instruct"})
+    assert push_zoo.main([str(zoo), "--org", "tester", "--execute"]) == 1
+    assert "already exists" in capsys.readouterr().err
+    assert not hub.named("create_commit") and not hub.named("create_repo")

@@ -1,0 +1,54 @@
+"""Pieces shared by the linzoo trainers' configs and scripts."""
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+
+@dataclass
+class KDArguments:
+    """The knowledge-distillation loss of stage 3 and of instruction-aware distillation."""
+
+    kd_temperature: float = field(default=1.0, metadata={"help": "Softmax temperature of the KL term."})
+    kd_alpha: float = field(
+        default=0.5, metadata={"help": "loss = (1 - kd_alpha) * CE + kd_alpha * T^2 * KL(teacher || student)."}
+    )
+    kd_chunk_size: int = field(
+        default=1024, metadata={"help": "Positions per chunk when forming vocabulary logits in the KD loss."}
+    )
+
+    def check_kd(self):
+        if not 0.0 <= self.kd_alpha <= 1.0 or self.kd_temperature <= 0 or self.kd_chunk_size <= 0:
+            raise ValueError("kd_alpha must lie in [0, 1]; kd_temperature and kd_chunk_size must be positive.")
+
+
+def default_bf16(cfg):
+    """TRL defaults to bf16, which a CPU-only machine rejects: use it only where the GPU supports it."""
+    if cfg.bf16 is None:
+        cfg.bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported() and not cfg.fp16
+
+
+def steps_for_tokens(tokens, cfg, seq_len):
+    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * seq_len * world
+    return max(1, math.ceil(tokens / per_step)), per_step
+
+
+def to_prompt_completion(example):
+    """Chat -> TRL prompt/completion: the last assistant turn is the completion (completion-only loss)."""
+    messages = example["messages"]
+    last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    return {"prompt": messages[:last], "completion": [messages[last]]}
+
+
+def save_with_lineage(model, tokenizer, out, stage, parent, record):
+    """Save a loadable folder (weights, modeling files, tokenizer) and `linzoo_training.json`."""
+    out = Path(out)
+    model.config.linzoo_stage = stage
+    model.config.linzoo_parent = parent
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / "linzoo_training.json").write_text(json.dumps({"stage": stage, "parent": parent, **record}, indent=1))

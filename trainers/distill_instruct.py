@@ -1,0 +1,57 @@
+"""`linzoo distill-instruct`: instruction-aware distillation of a student from an instruct teacher.
+
+    linzoo distill-instruct --model_name_or_path runs/gdn-135m-instruct --teacher embedded \
+        --dataset embedded --output_dir runs/gdn-135m-instruct-distilled --total_tokens 5000000
+    linzoo distill-instruct ... --lmbda 0.5 --beta 0.5        # on-policy, TRL's GKDTrainer
+
+Off-policy (default): CE + KL(teacher || student) on the completions (the last assistant turn of each
+chat), chunked over the vocabulary as in stage 3.
+"""
+
+import time
+
+from trl import ModelConfig, TrlParser, get_peft_config
+from trl.experimental.gkd import GKDTrainer
+
+from .common import save_with_lineage, steps_for_tokens
+from .distill_instruct_config import InstructDistillConfig
+from .linearize import check_same_vocab
+from .linearize_trainer import KnowledgeDistillationTrainer
+from .sft import _has_checkpoint, chat_splits
+
+
+class InstructDistillationTrainer(KnowledgeDistillationTrainer):
+    """Stage-3 KD on chat completions: the collator's labels (-100 on prompts) select the distilled tokens."""
+
+
+def main(argv=None):
+    from ..loading import load_model, load_teacher
+
+    args, model_args = TrlParser((InstructDistillConfig, ModelConfig)).parse_args_and_config(argv)
+    if not model_args.model_name_or_path:
+        raise ValueError("Pass the student to distill: --model_name_or_path <folder or Hub id>.")
+    model, tokenizer = load_model(model_args.model_name_or_path)
+    teacher, _ = load_teacher(args.teacher)
+    check_same_vocab(model, teacher)
+    args.max_steps, _ = steps_for_tokens(args.total_tokens, args, args.max_seq_length)
+    data = chat_splits(args.dataset)
+    if args.lmbda > 0:
+        data = data.map(lambda ex: {"messages": ex["prompt"] + ex["completion"]}, remove_columns=["prompt", "completion"])
+        trainer_cls = GKDTrainer
+    else:
+        trainer_cls = InstructDistillationTrainer
+    trainer = trainer_cls(model=model, teacher_model=teacher, args=args, train_dataset=data,
+                          processing_class=tokenizer, peft_config=get_peft_config(model_args))
+    start = time.time()
+    trainer.train(resume_from_checkpoint=True if _has_checkpoint(args.output_dir) else None)
+    if model_args.use_peft:
+        model = trainer.model.merge_and_unload()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    save_with_lineage(model, tokenizer, args.output_dir, "instruct-distilled", model_args.model_name_or_path, {
+        "teacher": args.teacher, "dataset": args.dataset, "on_policy_lmbda": args.lmbda,
+        "tokens": {"distill": trainer.state.num_input_tokens_seen or args.total_tokens},
+        "seconds": round(time.time() - start, 1), "first_loss": losses[0] if losses else None,
+        "final_loss": losses[-1] if losses else None,
+    })
+    print(f"linzoo: saved the instruct-distilled student to {args.output_dir}")
+    return 0

@@ -1,0 +1,77 @@
+"""`linzoo sft`: instruction tuning of a student on chat data with TRL's SFTTrainer.
+
+    linzoo sft --model_name_or_path runs/gdn-135m --dataset embedded --output_dir runs/gdn-135m-instruct \
+        --max_seq_length 1024 --total_tokens 5000000
+    linzoo sft --config recipes/135m/sft.yaml --use_peft true --lora_r 16          # LoRA via PEFT
+
+Chats become prompt/completion pairs (the last assistant turn is the completion), so the loss covers the
+completion only; rows are packed (best-fit decreasing) through TRL's padding-free path, and the sequence
+boundaries reach the mixers as `position_ids` that restart at 0.
+"""
+
+import time
+from dataclasses import dataclass, field
+
+from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config
+
+from .common import default_bf16, save_with_lineage, steps_for_tokens, to_prompt_completion
+
+
+@dataclass
+class LinzooSFTConfig(SFTConfig):
+    dataset: str = field(default="embedded", metadata={"help": "Chats: 'embedded', local files, or a Hub dataset id."})
+    max_seq_length: int = field(default=1024, metadata={"help": "Tokens per packed row."})
+    total_tokens: int = field(default=5_000_000, metadata={"help": "Token budget (sets max_steps)."})
+    packing: bool = field(default=True, metadata={"help": "Pack chats into rows (padding-free)."})
+    packing_strategy: str = field(default="bfd", metadata={"help": "TRL packing strategy."})
+    report_to: list[str] | str | None = field(default="none", metadata={"help": "Trackers (e.g. wandb) or 'none'."})
+    logging_steps: float = field(default=10, metadata={"help": "Log every N steps."})
+    save_steps: float = field(default=200, metadata={"help": "Checkpoint every N steps."})
+    save_total_limit: int | None = field(default=2, metadata={"help": "Checkpoints kept."})
+
+    def __post_init__(self):
+        if self.max_seq_length <= 0 or self.total_tokens <= 0:
+            raise ValueError("max_seq_length and total_tokens must be positive.")
+        self.max_length = self.max_seq_length
+        default_bf16(self)
+        super().__post_init__()
+
+
+def chat_splits(spec):
+    from ..data import load_chat_dataset
+
+    train = load_chat_dataset(spec, split="train").map(to_prompt_completion, remove_columns=["messages"])
+    return train
+
+
+def main(argv=None):
+    from ..loading import load_model
+
+    args, model_args = TrlParser((LinzooSFTConfig, ModelConfig)).parse_args_and_config(argv)
+    if not model_args.model_name_or_path:
+        raise ValueError("Pass the student to tune: --model_name_or_path <folder or Hub id>.")
+    model, tokenizer = load_model(model_args.model_name_or_path)
+    args.max_steps, _ = steps_for_tokens(args.total_tokens, args, args.max_seq_length)
+    trainer = SFTTrainer(
+        model=model, args=args, train_dataset=chat_splits(args.dataset), processing_class=tokenizer,
+        peft_config=get_peft_config(model_args),
+    )
+    start = time.time()
+    trainer.train(resume_from_checkpoint=True if _has_checkpoint(args.output_dir) else None)
+    if model_args.use_peft:
+        model = trainer.model.merge_and_unload()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    save_with_lineage(model, tokenizer, args.output_dir, "instruct", model_args.model_name_or_path, {
+        "dataset": args.dataset, "tokens": {"sft": trainer.state.num_input_tokens_seen or args.total_tokens},
+        "seconds": round(time.time() - start, 1), "first_loss": losses[0] if losses else None,
+        "final_loss": losses[-1] if losses else None, "lora": bool(model_args.use_peft),
+    })
+    print(f"linzoo: saved the instruct student to {args.output_dir}")
+    return 0
+
+
+def _has_checkpoint(folder):
+    from transformers.trainer_utils import get_last_checkpoint
+    import os
+
+    return os.path.isdir(folder) and get_last_checkpoint(folder) is not None
