@@ -86,7 +86,7 @@ def load_model(spec: str, dtype: torch.dtype | str | None = None, device: str | 
     source = resolve(spec)
     try:
         model = AutoModelForCausalLM.from_pretrained(source, trust_remote_code=True, dtype=dtype or torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(source)
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=True)
     except OSError as err:
         raise FileNotFoundError(
             f"Could not load {spec!r} ({err}). Offline? Use a local folder, a .gguf file or 'embedded'."

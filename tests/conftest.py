@@ -69,3 +69,41 @@ def tiny_student_dir(tmp_path_factory):
     student.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+# ----------------------------------------------------------------------------------------------
+# Trainers (test_trainers.py): a tiny saved Llama teacher (stand-in for SmolLM2 of any size) with
+# the byte-level tokenizer above, and small local text / chat files.
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tiny_teacher_dir(tmp_path_factory):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = _release_tokenizer()
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+                         tie_word_embeddings=True)
+    folder = tmp_path_factory.mktemp("teacher") / "tiny-llama"
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory):
+    import json
+
+    root = tmp_path_factory.mktemp("corpus")
+    sentences = ["The river watched the garden before the mountain was quiet again.",
+                 "The pass key is 0123456789. Remember it.", "Question: What is the pass key?"]
+    (root / "text.txt").write_text("\n\n".join(" ".join(sentences[i % 3:] + sentences[: i % 3]) * 3 for i in range(60)))
+    with open(root / "chat.jsonl", "w") as f:
+        for i in range(40):
+            f.write(json.dumps({"messages": [{"role": "user", "content": f"What is the pass key {i}?"},
+                                             {"role": "assistant", "content": "The pass key is 0123456789."}]}) + "\n")
+    return root

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The README's main job: linearize the embedded SmolLM2-135M-Instruct into a Gated DeltaNet student on a
+# CPU-sized budget, then a short NIAH + quality report. ~15 min on 2 CPU cores. Output: runs/main/.
+# For a real run use the GPU command in the README (tens of millions of tokens).
+set -euo pipefail
+OUT=${OUT:-runs/main}
+linzoo linearize --teacher embedded --mixer gated_deltanet --dataset embedded \
+  --total_tokens "${TOKENS:-20000}" --max_seq_length 128 --per_device_train_batch_size 2 \
+  --logging_steps 4 --save_steps 20 --output_dir "$OUT"
+linzoo eval niah --model "$OUT" --lengths 256,512 --depths 0,0.5,1 --samples_per_cell 1 --out "$OUT/eval"
+# Zero-shot sets: $EVAL_DATA, else a checkout's ../shared/data/eval, else the Hub datasets.
+EVAL_DATA=${EVAL_DATA:-$([ -d ../shared/data/eval ] && echo ../shared/data/eval || true)}
+linzoo eval quality --model "$OUT" --teacher embedded ${EVAL_DATA:+--data_dir "$EVAL_DATA"} --limit 20 \
+  --heldout_tokens 2048 --out "$OUT/eval"
+python - "$OUT" <<'PY'
+import json, sys
+out = sys.argv[1]
+q = json.load(open(f"{out}/eval/quality.json")); n = json.load(open(f"{out}/eval/niah.json"))
+print("\n== report for", out)
+for task, r in q["tasks"].items():
+    print(f"  {task:16s} acc {r['acc']:.3f}  teacher {q['teacher_tasks'][task]['acc']:.3f}  recovery {q['recovery'][task]}")
+print(f"  recovery average {q['recovery']['average']}  perplexity {q['perplexity']:.1f} (teacher {q['teacher_perplexity']:.1f})  KL {q['kl_to_teacher']:.3f}")
+print(f"  NIAH passkey accuracy by length {n['mean_by_length']}  overall {n['overall']}")
+PY

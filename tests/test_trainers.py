@@ -1,0 +1,181 @@
+"""Trainers: losses (known values), YAML/CLI parsing, few-step runs of every trainer on tiny models, resume, errors."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from trl import TrlParser
+
+from linzoo.trainers.linearize_config import LinearizeConfig
+from linzoo.trainers.linearize_trainer import AttentionTransferTrainer, KnowledgeDistillationTrainer
+
+RECIPES = Path(__file__).parent.parent / "recipes"
+
+
+# --- losses ---------------------------------------------------------------------------------
+
+def test_attention_transfer_loss_known_values():
+    t = [torch.randn(2, 5, 8) * 10, torch.randn(2, 5, 8) * 0.1]  # very different scales per layer
+    loss = AttentionTransferTrainer.attention_transfer_loss
+    assert loss(t, t).item() == 0.0
+    assert loss([torch.zeros_like(x) for x in t], t).item() == pytest.approx(1.0)  # normalised per layer
+    doubled = loss([2 * x for x in t], t).item()
+    assert doubled == pytest.approx(1.0)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.float)
+    noisy = [x.clone() for x in t]
+    noisy[0][0, 3:] += 100.0  # error only on masked-out positions
+    assert loss(noisy, t, mask).item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_kd_loss_known_values():
+    torch.manual_seed(0)
+    V, D = 11, 6
+    head = torch.nn.Linear(D, V, bias=False)
+    h = torch.randn(2, 7, D)
+    labels = torch.randint(0, V, (2, 7))
+    labels[0, :2] = -100
+    kd = KnowledgeDistillationTrainer.kd_loss
+    loss, ce, kl = kd(h, h, head, head, labels, temperature=2.0, alpha=0.5, chunk_size=3)
+    assert kl.item() == pytest.approx(0.0, abs=1e-6)  # identical teacher and student
+    keep = labels != -100
+    assert ce.item() == pytest.approx(F.cross_entropy(head(h[keep]), labels[keep]).item(), rel=1e-5)
+    assert loss.item() == pytest.approx(0.5 * ce.item(), rel=1e-5)
+    other = torch.nn.Linear(D, V, bias=False)
+    l1, _, kl1 = kd(h, h, head, other, labels, temperature=1.0, alpha=1.0, chunk_size=1)
+    l2, _, kl2 = kd(h, h, head, other, labels, temperature=1.0, alpha=1.0, chunk_size=1000)
+    ref = F.kl_div(F.log_softmax(head(h[keep]), -1), F.log_softmax(other(h[keep]), -1), log_target=True,
+                   reduction="batchmean")
+    assert kl1.item() == pytest.approx(ref.item(), rel=1e-5) and l1.item() == pytest.approx(l2.item(), rel=1e-5)
+    h.requires_grad_(True)
+    kd(h, h.detach(), head, other, labels, chunk_size=2)[0].backward()
+    assert torch.isfinite(h.grad).all() and h.grad.abs().sum() > 0
+
+
+# --- configs and recipes --------------------------------------------------------------------
+
+@pytest.mark.parametrize("recipe", sorted(str(p.relative_to(RECIPES)) for p in RECIPES.glob("1*/*.yaml"))
+                         + ["360m/gated_deltanet.yaml", "1.7b/gated_deltanet.yaml"])
+def test_recipes_parse_and_flags_override(recipe, tmp_path):
+    args = ["--config", str(RECIPES / recipe), "--output_dir", str(tmp_path), "--total_tokens", "1234", "--bf16", "false"]
+    (cfg,) = TrlParser(LinearizeConfig).parse_args_and_config(args)
+    assert cfg.total_tokens == 1234 and cfg.output_dir == str(tmp_path)
+    assert cfg.mixer in recipe and sum(cfg.stage_fractions) == pytest.approx(1.0)
+    assert sum(cfg.stage_tokens()) <= 1234
+
+
+def test_config_errors(tmp_path):
+    with pytest.raises(ValueError, match="valid values are: 'linear_attn'|linear_attn, retnet"):
+        LinearizeConfig(output_dir=str(tmp_path), mixer="mamba")
+    with pytest.raises(ValueError, match="stage_fractions"):
+        LinearizeConfig(output_dir=str(tmp_path), stage_fractions=[1.0])
+    with pytest.raises(ValueError, match="kd_alpha"):
+        LinearizeConfig(output_dir=str(tmp_path), kd_alpha=2.0)
+
+
+# --- few-step runs on tiny models -----------------------------------------------------------
+
+def _linearize_argv(teacher, corpus, out, mixer="gated_deltanet", tokens=3000, extra=()):
+    return ["--teacher", str(teacher), "--mixer", mixer, "--dataset", str(corpus / "text.txt"),
+            "--total_tokens", str(tokens), "--max_seq_length", "32", "--per_device_train_batch_size", "2",
+            "--output_dir", str(out), "--logging_steps", "1", "--save_steps", "2", "--dataloader_pin_memory", "false",
+            *extra]
+
+
+def _loads(folder):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+    out = model(torch.tensor([[1, 2, 3]])).logits
+    assert torch.isfinite(out).all()
+    return model
+
+
+@pytest.mark.parametrize("mixer", ["gated_deltanet", "xlstm"])
+def test_linearize_three_stages_then_resume(tiny_teacher_dir, tiny_corpus, tmp_path, mixer, capsys):
+    from linzoo.trainers import linearize
+
+    out = tmp_path / "run"
+    assert linearize.main(_linearize_argv(tiny_teacher_dir, tiny_corpus, out, mixer)) == 0
+    record = json.loads((out / "linzoo_training.json").read_text())
+    assert record["stage"] == "base" and record["mixer"] == mixer
+    assert [s["stage"] for s in record["stages"]] == [s for s, _ in linearize.STAGES]
+    assert sum(record["tokens"].values()) >= 3000 * 0.9
+    model = _loads(out)
+    assert model.config.mixer == mixer and model.config.linzoo_stage == "base"
+    # A killed stage 3: its checkpoints remain, its "done" marker does not. The rerun skips stages 1-2 and
+    # resumes stage 3 from the last checkpoint at the same step.
+    stage3 = out / "stage3-kd"
+    (stage3 / "stage_done.json").unlink()
+    last = max(int(p.name.split("-")[1]) for p in stage3.glob("checkpoint-*"))
+    capsys.readouterr()
+    assert linearize.main(_linearize_argv(tiny_teacher_dir, tiny_corpus, out, mixer)) == 0
+    log = capsys.readouterr().out
+    assert "stage1-attention-transfer already finished" in log and f"resuming stage3-kd from" in log
+    assert f"checkpoint-{last}" in log
+
+
+def test_stage1_trains_only_mixers(tiny_teacher_dir):
+    from linzoo import linearize as build
+    from linzoo.loading import load_teacher
+    from linzoo.trainers.linearize import set_trainable
+
+    teacher, _ = load_teacher(str(tiny_teacher_dir))
+    student = build(teacher, "kda", attn_layers=[1])
+    set_trainable(student, 0)
+    trainable = {n for n, p in student.named_parameters() if p.requires_grad}
+    assert trainable and all(n.startswith("model.layers.0.self_attn.") for n in trainable)
+
+
+def test_sft_and_distill_instruct_smoke(tiny_teacher_dir, tiny_corpus, tmp_path):
+    from linzoo.trainers import distill_instruct, linearize, sft
+
+    base = tmp_path / "base"
+    linearize.main(_linearize_argv(tiny_teacher_dir, tiny_corpus, base, tokens=600))
+    common = ["--dataset", str(tiny_corpus / "chat.jsonl"), "--total_tokens", "256", "--max_seq_length", "64",
+              "--per_device_train_batch_size", "2", "--logging_steps", "1", "--dataloader_pin_memory", "false"]
+    assert sft.main(["--model_name_or_path", str(base), "--output_dir", str(tmp_path / "instruct"), *common]) == 0
+    assert json.loads((tmp_path / "instruct" / "linzoo_training.json").read_text())["stage"] == "instruct"
+    _loads(tmp_path / "instruct")
+    assert sft.main(["--model_name_or_path", str(base), "--output_dir", str(tmp_path / "lora"), "--use_peft", "true",
+                     "--lora_r", "4", "--lora_target_modules", "all-linear", *common]) == 0
+    _loads(tmp_path / "lora")
+    out = tmp_path / "distilled"
+    assert distill_instruct.main(["--model_name_or_path", str(tmp_path / "instruct"), "--teacher",
+                                  str(tiny_teacher_dir), "--output_dir", str(out), *common]) == 0
+    record = json.loads((out / "linzoo_training.json").read_text())
+    assert record["stage"] == "instruct-distilled" and record["parent"] == str(tmp_path / "instruct")
+    assert _loads(out).config.linzoo_stage == "instruct-distilled"
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+def test_clear_errors(tiny_teacher_dir, tiny_corpus, tmp_path, monkeypatch):
+    from linzoo.trainers import linearize
+
+    with pytest.raises(ValueError, match="longer than the teacher allows"):
+        linearize.main(_linearize_argv(tiny_teacher_dir, tiny_corpus, tmp_path / "a", extra=("--max_seq_length", "4096")))
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(ValueError, match="(?i)empty|no .*text|0 rows"):
+        linearize.main(["--teacher", str(tiny_teacher_dir), "--dataset", str(tmp_path / "empty.txt"),
+                        "--output_dir", str(tmp_path / "b"), "--max_seq_length", "32"])
+    with pytest.raises(ValueError, match="Unknown mixer"):
+        linearize.main(_linearize_argv(tiny_teacher_dir, tiny_corpus, tmp_path / "c", mixer="mamba"))
+
+    from linzoo.loading import load_teacher
+    from transformers import AutoTokenizer
+
+    teacher, tokenizer = load_teacher(str(tiny_teacher_dir))
+    big = AutoTokenizer.from_pretrained(tiny_teacher_dir)
+    big.add_tokens([f"extra{i}" for i in range(50)])
+    with pytest.raises(ValueError, match="do not belong together"):
+        linearize.check_compatible(teacher, big, 32)
+
+    def nan_loss(self, model, inputs):
+        return model(input_ids=inputs["input_ids"]).logits.sum() * float("nan")
+
+    monkeypatch.setattr(linearize.HiddenAlignmentTrainer, "stage_loss", nan_loss)
+    with pytest.raises(FloatingPointError, match="Non-finite loss .* at step 1 of HiddenAlignmentTrainer"):
+        linearize.main(_linearize_argv(tiny_teacher_dir, tiny_corpus, tmp_path / "d"))
+    assert (tmp_path / "d" / "stage1-attention-transfer" / "stage_done.json").is_file()  # earlier work kept
