@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,7 +33,8 @@ def default_bf16(cfg):
 
 
 def steps_for_tokens(tokens, cfg, seq_len):
-    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    # Before the Trainer sets up the process group, the launcher's WORLD_SIZE already tells the process count.
+    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else int(os.environ.get("WORLD_SIZE", 1))
     per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * seq_len * world
     return max(1, math.ceil(tokens / per_step)), per_step
 

@@ -13,6 +13,7 @@ from its last checkpoint (same stage, same step). The final folder loads with
 
 import dataclasses
 import json
+import os
 import time
 from pathlib import Path
 
@@ -88,7 +89,9 @@ def run_stage(index, student, teacher, tokenizer, dataset, args):
         "first_loss": losses[0] if losses else None, "final_loss": losses[-1] if losses else result.training_loss,
     }
     trainer.save_model(str(stage_dir))
-    (stage_dir / "stage_done.json").write_text(json.dumps(summary, indent=1))
+    if trainer.is_world_process_zero():
+        (stage_dir / "stage_done.json").write_text(json.dumps(summary, indent=1))
+    trainer.accelerator.wait_for_everyone()
     return summary
 
 
@@ -126,7 +129,8 @@ def linearize_run(args: LinearizeConfig):
         "kd_temperature": args.kd_temperature, "kd_alpha": args.kd_alpha,
         "tokens": {s["stage"]: s["tokens"] for s in summaries}, "stages": summaries,
     }
-    save_with_lineage(student, tokenizer, out, "base", student.config.teacher, record)
+    if int(os.environ.get("RANK", 0)) == 0:  # one writer under torchrun / accelerate launch
+        save_with_lineage(student, tokenizer, out, "base", student.config.teacher, record)
     record["stage"] = "base"
     print(f"linzoo: saved the {args.mixer} student to {out}")
     return student, tokenizer, record
