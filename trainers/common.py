@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,3 +55,23 @@ def save_with_lineage(model, tokenizer, out, stage, parent, record):
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     (out / "linzoo_training.json").write_text(json.dumps({"stage": stage, "parent": parent, **record}, indent=1))
+
+
+def train_and_save(trainer, model, tokenizer, args, model_args, stage, record):
+    """Train (resuming from the last checkpoint in output_dir), merge LoRA, save with lineage."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    out = args.output_dir
+    resume = os.path.isdir(out) and get_last_checkpoint(out) is not None
+    start = time.time()
+    trainer.train(resume_from_checkpoint=True if resume else None)
+    if model_args.use_peft:
+        model = trainer.model.merge_and_unload()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    save_with_lineage(model, tokenizer, out, stage, model_args.model_name_or_path, {
+        "dataset": args.dataset, "tokens": {stage: trainer.state.num_input_tokens_seen or args.total_tokens},
+        "seconds": round(time.time() - start, 1), "first_loss": losses[0] if losses else None,
+        "final_loss": losses[-1] if losses else None, "lora": bool(model_args.use_peft), **record,
+    })
+    print(f"linzoo: saved the {stage} student to {out}")
+    return 0

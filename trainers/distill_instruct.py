@@ -8,16 +8,14 @@ Off-policy (default): CE + KL(teacher || student) on the completions (the last a
 chat), chunked over the vocabulary as in stage 3.
 """
 
-import time
-
 from trl import ModelConfig, TrlParser, get_peft_config
 from trl.experimental.gkd import GKDTrainer
 
-from .common import save_with_lineage, steps_for_tokens
+from .common import steps_for_tokens, train_and_save
 from .distill_instruct_config import InstructDistillConfig
 from .linearize import check_same_vocab
 from .linearize_trainer import KnowledgeDistillationTrainer
-from .sft import _has_checkpoint, chat_splits
+from .sft import chat_splits
 
 
 class InstructDistillationTrainer(KnowledgeDistillationTrainer):
@@ -42,16 +40,5 @@ def main(argv=None):
         trainer_cls = InstructDistillationTrainer
     trainer = trainer_cls(model=model, teacher_model=teacher, args=args, train_dataset=data,
                           processing_class=tokenizer, peft_config=get_peft_config(model_args))
-    start = time.time()
-    trainer.train(resume_from_checkpoint=True if _has_checkpoint(args.output_dir) else None)
-    if model_args.use_peft:
-        model = trainer.model.merge_and_unload()
-    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    save_with_lineage(model, tokenizer, args.output_dir, "instruct-distilled", model_args.model_name_or_path, {
-        "teacher": args.teacher, "dataset": args.dataset, "on_policy_lmbda": args.lmbda,
-        "tokens": {"distill": trainer.state.num_input_tokens_seen or args.total_tokens},
-        "seconds": round(time.time() - start, 1), "first_loss": losses[0] if losses else None,
-        "final_loss": losses[-1] if losses else None,
-    })
-    print(f"linzoo: saved the instruct-distilled student to {args.output_dir}")
-    return 0
+    return train_and_save(trainer, model, tokenizer, args, model_args, "instruct-distilled",
+                          {"teacher": args.teacher, "on_policy_lmbda": args.lmbda})

@@ -9,12 +9,11 @@ completion only; rows are packed (best-fit decreasing) through TRL's padding-fre
 boundaries reach the mixers as `position_ids` that restart at 0.
 """
 
-import time
 from dataclasses import dataclass, field
 
 from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config
 
-from .common import default_bf16, save_with_lineage, steps_for_tokens, to_prompt_completion
+from .common import default_bf16, steps_for_tokens, to_prompt_completion, train_and_save
 
 
 @dataclass
@@ -56,22 +55,5 @@ def main(argv=None):
         model=model, args=args, train_dataset=chat_splits(args.dataset), processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
     )
-    start = time.time()
-    trainer.train(resume_from_checkpoint=True if _has_checkpoint(args.output_dir) else None)
-    if model_args.use_peft:
-        model = trainer.model.merge_and_unload()
-    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    save_with_lineage(model, tokenizer, args.output_dir, "instruct", model_args.model_name_or_path, {
-        "dataset": args.dataset, "tokens": {"sft": trainer.state.num_input_tokens_seen or args.total_tokens},
-        "seconds": round(time.time() - start, 1), "first_loss": losses[0] if losses else None,
-        "final_loss": losses[-1] if losses else None, "lora": bool(model_args.use_peft),
-    })
-    print(f"linzoo: saved the instruct student to {args.output_dir}")
-    return 0
+    return train_and_save(trainer, model, tokenizer, args, model_args, "instruct", {})
 
-
-def _has_checkpoint(folder):
-    from transformers.trainer_utils import get_last_checkpoint
-    import os
-
-    return os.path.isdir(folder) and get_last_checkpoint(folder) is not None
