@@ -27,6 +27,28 @@ class KDArguments:
             raise ValueError("kd_alpha must lie in [0, 1]; kd_temperature and kd_chunk_size must be positive.")
 
 
+@dataclass
+class ChatRunArguments:
+    """Fields (and defaults over TRL's) shared by the chat-data commands `sft` and `distill-instruct`.
+    List it before the TRL config among the bases so these defaults win."""
+
+    dataset: str = field(default="embedded", metadata={"help": "Chats: 'embedded', local files, or a Hub dataset id."})
+    max_seq_length: int = field(default=1024, metadata={"help": "Tokens per packed row."})
+    total_tokens: int = field(default=5_000_000, metadata={"help": "Token budget (sets max_steps)."})
+    packing: bool = field(default=True, metadata={"help": "Pack chats into rows (padding-free)."})
+    packing_strategy: str = field(default="bfd", metadata={"help": "TRL packing strategy."})
+    report_to: list[str] | str | None = field(default="none", metadata={"help": "Trackers (e.g. wandb) or 'none'."})
+    logging_steps: float = field(default=10, metadata={"help": "Log every N steps."})
+    save_steps: float = field(default=200, metadata={"help": "Checkpoint every N steps."})
+    save_total_limit: int | None = field(default=2, metadata={"help": "Checkpoints kept."})
+
+    def check_chat_run(self):
+        if self.max_seq_length <= 0 or self.total_tokens <= 0:
+            raise ValueError("max_seq_length and total_tokens must be positive.")
+        self.max_length = self.max_seq_length
+        default_bf16(self)
+
+
 def default_bf16(cfg):
     """TRL defaults to bf16, which a CPU-only machine rejects: use it only where the GPU supports it."""
     if cfg.bf16 is None:

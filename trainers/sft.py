@@ -9,30 +9,17 @@ completion only; rows are packed (best-fit decreasing) through TRL's padding-fre
 boundaries reach the mixers as `position_ids` that restart at 0.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config
 
-from .common import default_bf16, steps_for_tokens, to_prompt_completion, train_and_save
+from .common import ChatRunArguments, steps_for_tokens, to_prompt_completion, train_and_save
 
 
 @dataclass
-class LinzooSFTConfig(SFTConfig):
-    dataset: str = field(default="embedded", metadata={"help": "Chats: 'embedded', local files, or a Hub dataset id."})
-    max_seq_length: int = field(default=1024, metadata={"help": "Tokens per packed row."})
-    total_tokens: int = field(default=5_000_000, metadata={"help": "Token budget (sets max_steps)."})
-    packing: bool = field(default=True, metadata={"help": "Pack chats into rows (padding-free)."})
-    packing_strategy: str = field(default="bfd", metadata={"help": "TRL packing strategy."})
-    report_to: list[str] | str | None = field(default="none", metadata={"help": "Trackers (e.g. wandb) or 'none'."})
-    logging_steps: float = field(default=10, metadata={"help": "Log every N steps."})
-    save_steps: float = field(default=200, metadata={"help": "Checkpoint every N steps."})
-    save_total_limit: int | None = field(default=2, metadata={"help": "Checkpoints kept."})
-
+class LinzooSFTConfig(ChatRunArguments, SFTConfig):
     def __post_init__(self):
-        if self.max_seq_length <= 0 or self.total_tokens <= 0:
-            raise ValueError("max_seq_length and total_tokens must be positive.")
-        self.max_length = self.max_seq_length
-        default_bf16(self)
+        self.check_chat_run()
         super().__post_init__()
 
 
