@@ -28,6 +28,13 @@ LOGIN_HOW = "log in once with `hf auth login` (or set the HF_TOKEN environment v
 LOGIN_HELP = f"No Hugging Face token found: {LOGIN_HOW}, then run the command again."
 
 
+def add_existing_repo_flags(parser, what: str = "an existing repo") -> None:
+    """--overwrite / --create-pr, mutually exclusive: what to do when the target repo already exists."""
+    existing = parser.add_mutually_exclusive_group()
+    existing.add_argument("--overwrite", action="store_true", help=f"replace the files of {what}")
+    existing.add_argument("--create-pr", action="store_true", help=f"send the files to {what} as a PR")
+
+
 class ReleaseError(Exception):
     """A reason to stop before (or instead of) uploading, worded for the person at the terminal."""
 

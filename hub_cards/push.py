@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .plan import ReleaseError, hub_error, hub_token, plan_checkpoint, repo_exists, upload
+from .plan import ReleaseError, add_existing_repo_flags, hub_error, hub_token, plan_checkpoint, repo_exists, upload
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,9 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--revision", help="branch to commit to (created if missing; default main)")
     parser.add_argument("--base-model", help="Hub id of the parent (default: the recorded teacher / parent)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and run the checks; send nothing")
-    existing = parser.add_mutually_exclusive_group()
-    existing.add_argument("--overwrite", action="store_true", help="replace the files of an existing repo")
-    existing.add_argument("--create-pr", action="store_true", help="send the files to an existing repo as a PR")
+    add_existing_repo_flags(parser)
     args = parser.parse_args(argv)
     try:
         return push(args)

@@ -19,7 +19,8 @@ from pathlib import Path
 from linzoo import MIXERS
 
 from .card import STAGES, checkpoint_info, is_hub_id
-from .plan import ReleaseError, hub_error, hub_token, plan_checkpoint, plan_space, repo_exists, upload
+from .plan import (ReleaseError, add_existing_repo_flags, hub_error, hub_token, plan_checkpoint, plan_space,
+                   repo_exists, upload)
 from .space import APP
 
 SPACE_NAME = "linzoo-niah"
@@ -69,9 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--execute", action="store_true", help="really upload (default: print the plan only)")
     parser.add_argument("--private", action="store_true", help="create the repos and the collection private")
     parser.add_argument("--space-dir", type=Path, default=APP.parent, help="the Space folder (default: %(default)s)")
-    existing = parser.add_mutually_exclusive_group()
-    existing.add_argument("--overwrite", action="store_true", help="replace the files of existing repos")
-    existing.add_argument("--create-pr", action="store_true", help="send the files to existing repos as PRs")
+    add_existing_repo_flags(parser, "existing repos")
     args = parser.parse_args(argv)
     try:
         return push_zoo(args)

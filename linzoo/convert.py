@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 
 from .modeling import LinzooConfig, LinzooForCausalLM
 
@@ -60,13 +59,11 @@ def linearize(teacher, mixer: str = "gated_deltanet", **options) -> LinzooForCau
     result = student.load_state_dict(state, strict=False)
     if result.unexpected_keys:
         raise ValueError(f"Teacher weights with no place in the student: {result.unexpected_keys[:5]} ...")
-    copied = set(state)
     fresh = [k for k in result.missing_keys if k != "lm_head.weight" or not config.tie_word_embeddings]
     if any(k.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "mlp.down_proj.weight")) for k in fresh):
         raise ValueError(f"Backbone weights missing from the teacher: {fresh[:5]}")
     student.tie_weights()
-    student.linzoo_fresh_parameters = fresh  # what stage 1 trains from scratch
-    student.linzoo_copied_parameters = sorted(copied)
+    student.linzoo_fresh_parameters = fresh  # the parameters the teacher did not supply
     if getattr(teacher, "generation_config", None) is not None:
         student.generation_config = teacher.generation_config
     return student
