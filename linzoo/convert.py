@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from .modeling import LinzooConfig, LinzooForCausalLM
 
 SUPPORTED_TEACHERS = ("llama", "mistral")  # q/k/v/o without biases, SwiGLU MLP, RMSNorm, RoPE
