@@ -55,12 +55,14 @@ class ShortConv(nn.Module):
         if cache is not None:
             x = cache.update_conv_state(x.transpose(1, 2), layer_idx, conv_kernel_size=self.size).transpose(1, 2)
         # Tap j looks j steps back; with packed sequences (seq_idx) a tap never crosses a boundary.
-        out = x * self.weight[:, -1]
+        # The weight takes x's dtype, so under bf16 autocast q, k, v stay bf16 for the kernels (as fla's conv).
+        weight = self.weight.to(x.dtype)
+        out = x * weight[:, -1]
         for j in range(1, self.size):
             shifted = F.pad(x, (0, 0, j, 0))[:, : x.shape[1]]
             if seq_idx is not None:
                 shifted = shifted * (F.pad(seq_idx, (j, 0), value=-1)[:, : x.shape[1]] == seq_idx).unsqueeze(-1)
-            out = out + shifted * self.weight[:, -1 - j]
+            out = out + shifted * weight[:, -1 - j]
         return F.silu(out[:, -T:])
 
 

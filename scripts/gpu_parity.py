@@ -14,13 +14,17 @@ chunk kernel, then token-by-token steps with the fused-recurrent kernel, against
 import argparse
 import copy
 import json
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 from transformers import DynamicCache
 
 import linzoo
-from linzoo.loading import load_teacher
+from linzoo.loading import load_teacher, resolve
 
 
 def rel(a, b):
@@ -48,6 +52,60 @@ def decode(layer, x, prefill):
     return torch.cat(outs, 1).float()
 
 
+def timed_fwd_bwd_ms(layer, x, cot, iters=5):
+    """Mean ms of `iters` fast-path forward+backward passes after one warm-up (CUDA events)."""
+    x = x.detach().requires_grad_(True)
+    layer(x).backward(cot)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        layer(x).backward(cot)
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+def run_parallel(args):
+    """One process per mixer (Triton compiles in parallel; a crash in one mixer leaves the others), one JSON."""
+    resolve(args.teacher)  # convert the embedded GGUF once, before the processes race for it
+    tmp = Path(tempfile.mkdtemp(prefix="parity-"))
+    mixers = args.mixers.split(",")
+    procs = {}
+    for m in mixers:
+        cmd = [sys.executable, __file__, "--mixers", m, "--out", str(tmp / f"{m}.json"), "--teacher", args.teacher,
+               "--layer", str(args.layer), "--batch", str(args.batch), "--seq_len", str(args.seq_len),
+               "--decode_steps", str(args.decode_steps), "--device", args.device, "--fast_backend", args.fast_backend]
+        log = open(tmp / f"{m}.log", "w")
+        procs[m] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log)
+    results = {"mixers": {}}
+    for m in mixers:
+        proc, log = procs[m]
+        code = proc.wait()
+        log.close()
+        lines = (tmp / f"{m}.log").read_text().strip().splitlines() or [f"exit {code}"]
+        print(f"--- {m} (exit {code})", *lines[-8 if code else -1:], sep="\n", flush=True)
+        part = tmp / f"{m}.json"
+        if part.is_file():
+            data = json.loads(part.read_text())
+            results.update({k: v for k, v in data.items() if k != "mixers"}, parallel_processes=len(mixers))
+            results["mixers"].update(data["mixers"])
+        if code:
+            results["mixers"].setdefault(m, {"error": lines[-1]})
+    return results
+
+
+def print_table(results):
+    print(f"\n{'mixer':16s} {'out rel':>9s} {'floor':>9s} {'grad rel':>9s} {'floor':>9s} {'decode rel':>10s} "
+          f"{'fwd+bwd ms':>10s}")
+    for m, r in results["mixers"].items():
+        if "error" in r:
+            print(f"{m:16s} ERROR {r['error']}")
+            continue
+        print(f"{m:16s} {r['out_rel']:9.2e} {r['out_rel_bf16_floor']:9.2e} {r['grad_rel_max']:9.2e} "
+              f"{r['grad_rel_max_bf16_floor']:9.2e} {r['decode_steps_vs_full_rel']:10.2e} "
+              f"{r.get('fwd_bwd_ms', float('nan')):10.2f}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--teacher", default="embedded")
@@ -59,7 +117,14 @@ def main():
     ap.add_argument("--out", default="results/gpu_parity.json")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--fast_backend", default="fast", help="'torch' only to dry-run this script on a CPU")
+    ap.add_argument("--parallel", action="store_true", help="one process per mixer, merged into one --out JSON")
     args = ap.parse_args()
+    if args.parallel:
+        results = run_parallel(args)
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+        print_table(results)
+        return
     dev = torch.device(args.device)
     teacher, _ = load_teacher(args.teacher)
     teacher.to(dev)
@@ -104,16 +169,15 @@ def main():
             "decode_steps_vs_reference_rel": rel(dec[:, prefill:], ref[:, prefill:]),
             "seconds": round(time.time() - t0, 1),
         }
+        if dev.type == "cuda":  # layer fwd+bwd on the fast path, B x T of the check, kernels warm
+            row["fwd_bwd_ms"] = timed_fwd_bwd_ms(fast_layer, x.bfloat16(), cot.bfloat16())
         results["mixers"][mixer] = row
         print(mixer, json.dumps(row), flush=True)
         with open(args.out, "w") as f:  # after every mixer, so a timeout keeps what finished
             json.dump(results, f, indent=1)
         del student, fast_layer
         torch.cuda.empty_cache()
-    print(f"\n{'mixer':16s} {'out rel':>9s} {'floor':>9s} {'grad rel':>9s} {'floor':>9s} {'decode rel':>10s}")
-    for m, r in results["mixers"].items():
-        print(f"{m:16s} {r['out_rel']:9.2e} {r['out_rel_bf16_floor']:9.2e} {r['grad_rel_max']:9.2e} "
-              f"{r['grad_rel_max_bf16_floor']:9.2e} {r['decode_steps_vs_full_rel']:10.2e}")
+    print_table(results)
 
 
 if __name__ == "__main__":
