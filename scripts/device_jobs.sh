@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The GPU runs behind results/gpu/, one phase per device call (see results/gpu/README.md):
 #
-#     . .dev/stage.sh && bash scripts/device_jobs.sh parity|bench|train|short|eval
+#     . .dev/stage.sh && bash scripts/device_jobs.sh first|train|eval|bench   (or parity alone)
+#
+# first: parity check, the 20M-token Gated DeltaNet run and the six short runs, all at once on the one GPU;
+# train: resumes whatever of those the time limit cut (same stage, same step); eval: teacher + students.
 #
 # Needs what `.dev/stage.sh` provides (fla, mlstm-kernels, tilelang on PYTHONPATH; TEACHER_GGUF) and, carried
 # in `.dev/`, the embedded text corpus (`.dev/lzcache/`) and the five eval sets (`.dev/eval/`). Everything a
@@ -27,47 +30,63 @@ python3 -c "from linzoo.loading import resolve; print(resolve('embedded'))"  # c
 save_triton() { tar czf /tmp/triton.tgz -C "$TRITON_CACHE_DIR" . && [ "$(stat -c %s /tmp/triton.tgz)" -lt 16000000 ] \
   && cp /tmp/triton.tgz "$OUT/triton-cache.tgz"; }
 
-linearize() {  # mixer tokens log
-  timeout 560 python3 -m linzoo.cli linearize --config "$R/recipes/135m/$1.yaml" --teacher embedded \
-    --total_tokens "$2" --output_dir "/tmp/runs/$1" --disable_tqdm true --logging_steps 25 --report_to none \
-    --save_steps 250 --save_total_limit 1 ${TRAIN_ARGS:-} >"$3" 2>&1
-  echo "$1: exit $?"; tail -5 "$3"
+LIMIT=${LIMIT:-540}  # seconds per job; a device call may run 600 s in all
+SHORT="linear_attn retnet gla deltanet kda xlstm"
+
+linearize() {  # mixer tokens [extra flags...]; rerun = resume; the log of every attempt is kept
+  local m=$1 tokens=$2; shift 2
+  if [ -f "/tmp/runs/$m/linzoo_training.json" ]; then echo "$m: finished already"; return; fi
+  timeout "$LIMIT" python3 -m linzoo.cli linearize --config "$R/recipes/135m/$m.yaml" --teacher embedded \
+    --total_tokens "$tokens" --output_dir "/tmp/runs/$m" --disable_tqdm true --report_to none \
+    --save_steps 100 --save_total_limit 1 "$@" ${TRAIN_ARGS:-} >"/tmp/runs/$m.$(date +%s).log" 2>&1
+  echo "$m: exit $?"
 }
 
-pack_runs() {  # the records of finished runs (never checkpoints) -> $OUT/$1
-  (cd /tmp/runs && tar czf "$OUT/$1" $(ls -d */linzoo_training.json */stage*/stage_done.json */config.json 2>/dev/null))
+train_all() {  # Gated DeltaNet with the recipe's batch; the short runs with 2 x 4 accumulation (same tokens/step)
+  linearize gated_deltanet "${TRAIN_TOKENS:-20000000}" --logging_steps 10 &
+  # pack the short runs' shared 2M-token budget once, before six processes race for the same datasets cache file
+  python3 -c "from linzoo import load_teacher; from linzoo.data import load_text_dataset, pack_dataset
+pack_dataset(load_text_dataset('embedded', split='train'), load_teacher('embedded')[1], 2048, max_tokens=${SHORT_TOKENS:-2000000})"
+  for m in $SHORT; do
+    linearize "$m" "${SHORT_TOKENS:-2000000}" --logging_steps 5 --per_device_train_batch_size 2 \
+      --gradient_accumulation_steps 4 &
+  done
+  wait
+}
+
+pack_runs() {  # all logs and the records of finished runs (never checkpoints) -> $OUT
+  (cd /tmp/runs && tar czf "$OUT/train_logs.tgz" *.log && tar czf "$OUT/train_records.tgz" \
+    $(ls -d */linzoo_training.json */stage*/stage_done.json */config.json 2>/dev/null))
+  for f in /tmp/runs/*/linzoo_training.json; do echo "finished: $f"; done
 }
 
 case $PHASE in
+first)
+  (timeout "$LIMIT" python3 "$R/scripts/gpu_parity.py" --parallel --out "$OUT/gpu_parity.json" >"$OUT/gpu_parity.log" 2>&1
+   echo "parity: exit $?") &
+  train_all
+  wait
+  tail -12 "$OUT/gpu_parity.log"
+  pack_runs; save_triton ;;
 parity)
-  timeout 560 python3 "$R/scripts/gpu_parity.py" --parallel --out "$OUT/gpu_parity.json" 2>&1 | tee "$OUT/gpu_parity.log"
+  timeout "$LIMIT" python3 "$R/scripts/gpu_parity.py" --parallel --out "$OUT/gpu_parity.json" 2>&1 | tee "$OUT/gpu_parity.log"
   save_triton ;;
+train)
+  train_all; pack_runs ;;
 bench)
-  timeout 560 python3 "$R/scripts/bench_speed.py" --iters 6 --new_tokens 48 --out "$OUT/bench_speed.json" 2>&1 \
+  timeout "$LIMIT" python3 "$R/scripts/bench_speed.py" --iters 6 --new_tokens 48 --out "$OUT/bench_speed.json" 2>&1 \
     | tee "$OUT/bench_speed.log"
   save_triton ;;
-train)  # calling it again resumes a run that hit the time limit (same stage, same step); a finished one is kept
-  if [ -f /tmp/runs/gated_deltanet/linzoo_training.json ]; then echo "gated_deltanet: finished already"
-  else linearize gated_deltanet "${TRAIN_TOKENS:-20000000}" "/tmp/runs/train_gated_deltanet.$(date +%s).log"; fi
-  cat /tmp/runs/train_gated_deltanet.*.log >"$OUT/train_gated_deltanet.log"
-  pack_runs train_records.tgz ;;
-short)  # the six other mixers, three runs at a time sharing the GPU
-  for wave in "linear_attn retnet gla" "deltanet kda xlstm"; do
-    for m in $wave; do linearize "$m" "${SHORT_TOKENS:-2000000}" "/tmp/runs/$m.log" & done
-    wait
-  done
-  tar czf "$OUT/short_logs.tgz" -C /tmp/runs $(cd /tmp/runs && ls *.log)
-  pack_runs short_records.tgz ;;
-eval)  # teacher + every student: full five tasks (recovery, KL) and NIAH 256-8k, all processes at once
+eval)  # teacher + every finished student: full five tasks (recovery, KL) and NIAH 256-8k, all processes at once
   models="teacher=embedded"
-  for d in /tmp/runs/*/; do [ -f "$d/model.safetensors" ] && models="$models $(basename "$d")=$d"; done
+  for d in /tmp/runs/*/; do [ -f "$d/linzoo_training.json" ] && models="$models $(basename "$d")=$d"; done
   for pair in $models; do
     name=${pair%%=*} spec=${pair#*=} teach="--teacher embedded"
     [ "$name" = teacher ] && teach=""
-    (timeout 560 python3 -m linzoo.cli eval quality --model "$spec" $teach --data_dir "$R/.dev/eval" \
+    (timeout "$LIMIT" python3 -m linzoo.cli eval quality --model "$spec" $teach --data_dir "$R/.dev/eval" \
         --dtype bfloat16 --batch_size 64 --out "/tmp/eval/$name/quality" ${EVAL_ARGS:-} >"/tmp/eval/$name-quality.log" 2>&1
      echo "$name quality: exit $?"; tail -1 "/tmp/eval/$name-quality.log") &
-    (timeout 560 python3 -m linzoo.cli eval niah --model "$spec" --lengths 256,512,1024,2048,4096,8192 \
+    (timeout "$LIMIT" python3 -m linzoo.cli eval niah --model "$spec" --lengths 256,512,1024,2048,4096,8192 \
         --dtype bfloat16 --batch_size 8 --out "/tmp/eval/$name/niah" ${NIAH_ARGS:-} >"/tmp/eval/$name-niah.log" 2>&1
      echo "$name niah: exit $?"; tail -1 "/tmp/eval/$name-niah.log") &
   done

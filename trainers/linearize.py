@@ -83,9 +83,15 @@ def run_stage(index, student, teacher, tokenizer, dataset, args):
     result = trainer.train(resume_from_checkpoint=resume)
     seconds = time.time() - start
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    done_before = int(Path(resume).name.split("-")[-1]) if resume else 0  # steps of an earlier, killed run
+    steady = sorted(trainer.throughput_log)
     summary = {
         "stage": name, "steps": steps, "tokens": steps * per_step, "seconds": round(seconds, 1),
-        "tokens_per_second": round(steps * per_step / seconds, 1) if not resume else None,
+        "resumed_at_step": done_before if resume else None,
+        # this run's tokens over its wall time (start-up, compilation and saving included) ...
+        "tokens_per_second": round((steps - done_before) * per_step / seconds, 1),
+        # ... and the median over logging intervals after the first (the training loop's own speed)
+        "tokens_per_second_steady": steady[len(steady) // 2] if steady else None,
         "first_loss": losses[0] if losses else None, "final_loss": losses[-1] if losses else result.training_loss,
     }
     trainer.save_model(str(stage_dir))
@@ -140,7 +146,8 @@ def main(argv=None):
     (args,) = TrlParser(LinearizeConfig).parse_args_and_config(argv)
     student, tokenizer, record = linearize_run(args)
     for s in record["stages"]:
-        print(f"  {s['stage']:28s} tokens {s['tokens']:>10,}  loss {s['first_loss']} -> {s['final_loss']}")
+        print(f"  {s['stage']:28s} tokens {s['tokens']:>10,}  loss {s['first_loss']} -> {s['final_loss']}"
+              f"  tokens/s {s.get('tokens_per_second_steady') or s.get('tokens_per_second')}")
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True, tokenize=False
     ) if tokenizer.chat_template else "The capital of France is"

@@ -3,6 +3,8 @@
 Each overrides only `compute_loss`; the losses are static methods with their own tests.
 """
 
+import time
+
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
@@ -10,11 +12,25 @@ from trl import SFTTrainer
 
 
 class TeacherStudentTrainer(SFTTrainer):
-    """SFTTrainer holding a frozen teacher beside the student; stops on a non-finite loss."""
+    """SFTTrainer holding a frozen teacher beside the student; stops on a non-finite loss; logs throughput."""
 
     def __init__(self, *args, teacher_model, **kwargs):
         super().__init__(*args, **kwargs)
         self.teacher_model = teacher_model.to(self.accelerator.device).eval().requires_grad_(False)
+        self._tokens = 0  # input tokens (all processes) since the last training log
+        self._throughput_mark = None
+        self.throughput_log = []  # tokens/s of every logging interval after the first (warm-up) one
+
+    def log(self, logs, start_time=None):
+        """Adds `tokens_per_second` (all processes, over the interval since the previous log) to training logs.
+        The first interval, which holds kernel compilation and the resume's data skipping, is not reported."""
+        if "loss" in logs:
+            now = time.perf_counter()
+            if self._throughput_mark is not None:
+                logs["tokens_per_second"] = round(self._tokens / (now - self._throughput_mark))
+                self.throughput_log.append(logs["tokens_per_second"])
+            self._throughput_mark, self._tokens = now, 0
+        super().log(logs, start_time)
 
     def _check_finite(self, loss):
         if not torch.isfinite(loss):
@@ -30,6 +46,7 @@ class TeacherStudentTrainer(SFTTrainer):
         self._metrics["train" if self.model.training else "eval"][name].append(float(value))
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        self._tokens += inputs["input_ids"].numel() * self.accelerator.num_processes
         loss = self._check_finite(self.stage_loss(model, inputs))
         return (loss, None) if return_outputs else loss
 
