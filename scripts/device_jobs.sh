@@ -69,7 +69,7 @@ first)
   tail -12 "$OUT/gpu_parity.log"
   pack_runs; save_triton ;;
 parity)
-  timeout "$LIMIT" python3 "$R/scripts/gpu_parity.py" --parallel --out "$OUT/gpu_parity.json" 2>&1 | tee "$OUT/gpu_parity.log"
+  timeout "$LIMIT" python3 "$R/scripts/gpu_parity.py" --parallel --deadline $((LIMIT - 30)) --out "$OUT/gpu_parity.json" 2>&1 | tee "$OUT/gpu_parity.log"
   save_triton ;;
 train)
   train_all; pack_runs ;;
