@@ -83,3 +83,25 @@ def test_mlstm_wrapper_decode_step_continues_the_prefill():
     torch.testing.assert_close(readout(torch.cat(outs, 1)), readout(o_full[:, T:]), rtol=1e-4, atol=1e-5)
     o_rec, s_rec = torch_recurrent(q, k, v, g, i, delta=False, scale=K**-0.5)
     torch.testing.assert_close(state, s_rec, rtol=1e-4, atol=1e-4 * s_rec.abs().max().item())
+
+
+def test_mlstm_wrapper_trains_the_kernels_in_fp32(monkeypatch):
+    """bf16 training inputs reach the chunkwise kernel as fp32 (its bf16 backward loses the forget-gate gradient,
+    see kernels_fast._mlstm); the output comes back in the input dtype; no-grad inference stays bf16."""
+    seen = []
+    chunkwise = kernels_fast.mlstm_chunkwise__xl_chunk
+
+    def recording(q, k, v, *a, **kw):  # (the torch reference wants one dtype; the Triton kernels take mixed ones)
+        seen.append(q.dtype)
+        return chunkwise(q.float(), k.float(), v.float(), *a, **kw)
+
+    monkeypatch.setattr(kernels_fast, "mlstm_chunkwise__xl_chunk", recording)
+    q, k, v, g, i = mlstm_inputs(32)
+    q, k, v = (x.bfloat16().requires_grad_(True) for x in (q, k, v))
+    o, _ = run_fast(q, k, v, g, i)
+    assert seen == [torch.float32] and o.dtype == torch.bfloat16
+    o.float().sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad.float()).all()
+    with torch.no_grad():
+        run_fast(q, k, v, g, i)
+    assert seen[-1] == torch.bfloat16
