@@ -116,6 +116,23 @@ def test_linearize_three_stages_then_resume(tiny_teacher_dir, tiny_corpus, tmp_p
     assert f"checkpoint-{last}" in log
 
 
+def test_gradient_accumulation_keeps_the_loss_scale(tiny_teacher_dir, tiny_corpus, tmp_path):
+    """Batch 2 x 1 and batch 1 x 2 accumulation log the same loss for the same rows (learning rate 0): our losses are
+    per-micro-batch means, so the Trainer must divide them by the accumulation steps (it did not, since the model's
+    forward takes **kwargs; a 2M-token H200 run logged 4x losses with 4 accumulation steps)."""
+    from linzoo.trainers import linearize
+
+    first = {}
+    for batch, accum in [(2, 1), (1, 2)]:
+        out = tmp_path / f"b{batch}"
+        argv = _linearize_argv(tiny_teacher_dir, tiny_corpus, out, tokens=128, extra=(
+            "--stage_fractions", "1", "0", "0", "--stage_learning_rates", "0", "0", "0", "--warmup_ratio", "0"))
+        argv[argv.index("--per_device_train_batch_size") + 1] = str(batch)
+        assert linearize.main([*argv, "--gradient_accumulation_steps", str(accum)]) == 0
+        first[batch] = json.loads((out / "linzoo_training.json").read_text())["stages"][0]["first_loss"]
+    assert first[1] == pytest.approx(first[2], rel=0.25), first
+
+
 def test_stage1_trains_only_mixers(tiny_teacher_dir):
     from linzoo import linearize as build
     from linzoo.loading import load_teacher

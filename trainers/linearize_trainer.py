@@ -17,6 +17,9 @@ class TeacherStudentTrainer(SFTTrainer):
     def __init__(self, *args, teacher_model, **kwargs):
         super().__init__(*args, **kwargs)
         self.teacher_model = teacher_model.to(self.accelerator.device).eval().requires_grad_(False)
+        # Our stage losses are means over each micro-batch, not sums over `num_items_in_batch`: the Trainer must
+        # divide them by the accumulation steps (it skips that for models whose forward takes **kwargs).
+        self.model_accepts_loss_kwargs = False
         self._tokens = 0  # input tokens (all processes) since the last training log
         self._throughput_mark = None
         self.throughput_log = []  # tokens/s of every logging interval after the first (warm-up) one
