@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU runs behind results/gpu/, one phase per device call (see results/gpu/README.md):
 #
-#     . .dev/stage.sh && bash scripts/device_jobs.sh first|train|eval|bench   (or parity alone)
+#     . .dev/stage.sh && bash scripts/device_jobs.sh first|train|eval|bench|profile   (or parity alone)
 #
 # first: parity check, the 20M-token Gated DeltaNet run and the six short runs, all at once on the one GPU;
 # train: resumes whatever of those the time limit cut (same stage, same step); eval: teacher + students.
@@ -73,6 +73,9 @@ parity)
   save_triton ;;
 train)
   train_all; pack_runs ;;
+profile)  # where a KD training step's time goes (gated_deltanet, the recipe's batch)
+  timeout "$LIMIT" python3 "$R/scripts/profile_train_step.py" --mixer gated_deltanet --out "$OUT/profile_train_step.json" 2>&1 \
+    | tee "$OUT/profile_train_step.log" ;;
 bench)
   timeout "$LIMIT" python3 "$R/scripts/bench_speed.py" --iters 6 --new_tokens 48 --out "$OUT/bench_speed.json" 2>&1 \
     | tee "$OUT/bench_speed.log"
