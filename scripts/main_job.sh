@@ -17,8 +17,9 @@ import json, sys
 out = sys.argv[1]
 q = json.load(open(f"{out}/eval/quality.json")); n = json.load(open(f"{out}/eval/niah.json"))
 print("\n== report for", out)
-for task, r in q["tasks"].items():
-    print(f"  {task:16s} acc {r['acc']:.3f}  teacher {q['teacher_tasks'][task]['acc']:.3f}  recovery {q['recovery'][task]}")
+for task, r in q["tasks"].items():  # the metric that recovery uses: acc_norm for arc and piqa, acc otherwise
+    m = q["recovery_metric"][task]
+    print(f"  {task:16s} {m:8s} {r[m]:.3f}  teacher {q['teacher_tasks'][task][m]:.3f}  recovery {q['recovery'][task]:.1f} %")
 print(f"  recovery average {q['recovery']['average']}  perplexity {q['perplexity']:.1f} (teacher {q['teacher_perplexity']:.1f})  KL {q['kl_to_teacher']:.3f}")
 print(f"  NIAH passkey accuracy by length {n['mean_by_length']}  overall {n['overall']}")
 PY
