@@ -24,14 +24,14 @@ SCHEMA = "linzoo.quality/v1"
 TASKS = ("lambada_openai", "winogrande", "arc_easy", "arc_challenge", "piqa")
 NORMED = ("arc_easy", "arc_challenge", "piqa")  # tasks reporting acc_norm, which their recovery uses
 # task -> (Hub dataset, config, split) of lm-eval-harness's versions. Best effort: written against the
-# datasets' documented columns but never run here (no Hub access); ybisk/piqa is a script dataset that
-# recent `datasets` may refuse, in which case pass --data_dir with a local piqa.jsonl.
+# datasets' documented columns but never run here (no Hub access). piqa: baber/piqa, the parquet copy that
+# lm-eval-harness itself reads (the original ybisk/piqa is a loading script that `datasets` 4 refuses).
 HUB = {
     "lambada_openai": ("EleutherAI/lambada_openai", "default", "test"),
     "winogrande": ("allenai/winogrande", "winogrande_xl", "validation"),
     "arc_easy": ("allenai/ai2_arc", "ARC-Easy", "test"),
     "arc_challenge": ("allenai/ai2_arc", "ARC-Challenge", "test"),
-    "piqa": ("ybisk/piqa", None, "validation"),
+    "piqa": ("baber/piqa", None, "validation"),
 }
 
 
