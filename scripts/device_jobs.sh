@@ -9,7 +9,8 @@
 # Needs what `.dev/stage.sh` provides (fla, mlstm-kernels, tilelang on PYTHONPATH; TEACHER_GGUF) and, carried
 # in `.dev/`, the embedded text corpus (`.dev/lzcache/`) and the five eval sets (`.dev/eval/`). Everything a
 # later phase needs (students, Triton cache) stays in /tmp on the warm machine. Results go to $OUT.
-# CPU dry run of the plumbing: TRAIN_TOKENS, SHORT_TOKENS, TRAIN_ARGS, EVAL_ARGS, NIAH_ARGS shrink the jobs.
+# CPU dry run of the plumbing: TRAIN_TOKENS, SHORT_TOKENS, TRAIN_ARGS, EVAL_ARGS, NIAH_ARGS shrink the jobs;
+# PARITY_ARGS (e.g. "--mixers xlstm") narrows the parity check.
 set -uo pipefail
 PHASE=${1:?phase: parity | bench | train | short | eval}
 R=$PWD
@@ -69,7 +70,7 @@ first)
   tail -12 "$OUT/gpu_parity.log"
   pack_runs; save_triton ;;
 parity)
-  timeout "$LIMIT" python3 "$R/scripts/gpu_parity.py" --parallel --deadline $((LIMIT - 30)) --out "$OUT/gpu_parity.json" 2>&1 | tee "$OUT/gpu_parity.log"
+  timeout "$LIMIT" python3 "$R/scripts/gpu_parity.py" --parallel --deadline $((LIMIT - 30)) ${PARITY_ARGS:-} --out "$OUT/gpu_parity.json" 2>&1 | tee "$OUT/gpu_parity.log"
   save_triton ;;
 train)
   train_all; pack_runs ;;
