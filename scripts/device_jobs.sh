@@ -63,7 +63,7 @@ pack_runs() {  # all logs and the records of finished runs (never checkpoints) -
 
 case $PHASE in
 first)
-  (timeout "$LIMIT" python3 "$R/scripts/gpu_parity.py" --parallel --out "$OUT/gpu_parity.json" >"$OUT/gpu_parity.log" 2>&1
+  (timeout "$LIMIT" python3 "$R/scripts/gpu_parity.py" --parallel --deadline $((LIMIT - 30)) ${PARITY_ARGS:-} --out "$OUT/gpu_parity.json" >"$OUT/gpu_parity.log" 2>&1
    echo "parity: exit $?") &
   train_all
   wait
