@@ -75,8 +75,10 @@ parity)
 train)
   train_all; pack_runs ;;
 profile)  # where a KD training step's time goes (gated_deltanet, the recipe's batch)
-  timeout "$LIMIT" python3 "$R/scripts/profile_train_step.py" --mixer gated_deltanet --out "$OUT/profile_train_step.json" 2>&1 \
-    | tee "$OUT/profile_train_step.log" ;;
+  for t in "" --fp32_teacher; do  # as the trainer runs now, and as it ran before the teacher got autocast
+    timeout "$LIMIT" python3 "$R/scripts/profile_train_step.py" --mixer gated_deltanet $t \
+      --out "$OUT/profile_train_step${t:+_fp32_teacher}.json" 2>&1 | tee -a "$OUT/profile_train_step.log"
+  done ;;
 bench)
   timeout "$LIMIT" python3 "$R/scripts/bench_speed.py" --iters 6 --new_tokens 48 --out "$OUT/bench_speed.json" 2>&1 \
     | tee "$OUT/bench_speed.log"

@@ -17,7 +17,7 @@ import torch
 
 import linzoo
 from linzoo.loading import load_teacher
-from linzoo.trainers.linearize_trainer import KnowledgeDistillationTrainer
+from linzoo.trainers.linearize_trainer import KnowledgeDistillationTrainer, mixed_precision
 
 
 def main():
@@ -29,6 +29,8 @@ def main():
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--fp32_teacher", action="store_true",
+                    help="teacher and KD projections outside autocast (how the trainer ran before mixed_precision)")
     args = ap.parse_args()
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
@@ -40,7 +42,10 @@ def main():
     mask = torch.ones_like(ids)
     labels = torch.nn.functional.pad(ids[:, 1:], (0, 1), value=-100)
     kw = dict(input_ids=ids, attention_mask=mask, use_cache=False, output_hidden_states=True, logits_to_keep=1)
-    autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cuda)
+    autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cuda)  # what accelerate does to the student
+
+    def outside():  # the teacher and the KD loss, as the trainer runs them
+        return mixed_precision(dev, bf16=cuda and not args.fp32_teacher)
 
     def sync():
         if cuda:
@@ -53,14 +58,15 @@ def main():
             sync()
             marks.append(time.perf_counter())
 
-        with torch.no_grad(), autocast:
+        with torch.no_grad(), outside():
             t_hidden = teacher(**kw).hidden_states[-1]
         mark()
         with autocast:
             s_hidden = student(**kw).hidden_states[-1]
         mark()
-        loss, _, _ = KnowledgeDistillationTrainer.kd_loss(
-            s_hidden, t_hidden, student.get_output_embeddings(), teacher.get_output_embeddings(), labels)
+        with outside():
+            loss, _, _ = KnowledgeDistillationTrainer.kd_loss(
+                s_hidden, t_hidden, student.get_output_embeddings(), teacher.get_output_embeddings(), labels)
         mark()
         loss.backward()
         mark()
@@ -79,7 +85,7 @@ def main():
     ms = {k: 1000 * sum(v) / len(v) for k, v in times.items()}
     total = sum(ms.values())
     tokens = args.batch * args.seq_len
-    print(f"{args.mixer}: {tokens} tokens/step, {total:.1f} ms/step = {tokens / total * 1000:,.0f} tokens/s")
+    print(f"{args.mixer}{' (fp32 teacher)' if args.fp32_teacher else ''}: {tokens} tokens/step, {total:.1f} ms/step = {tokens / total * 1000:,.0f} tokens/s")
     for k, v in ms.items():
         print(f"  {k:12s} {v:8.1f} ms  {100 * v / total:5.1f} %")
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
@@ -91,7 +97,7 @@ def main():
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"card": torch.cuda.get_device_name() if cuda else "cpu", "mixer": args.mixer, "batch": args.batch,
-                       "seq_len": args.seq_len, "ms": ms, "tokens_per_second": tokens / total * 1000,
+                       "seq_len": args.seq_len, "fp32_teacher": args.fp32_teacher, "ms": ms, "tokens_per_second": tokens / total * 1000,
                        "profile_top": table}, f, indent=1)
 
 

@@ -196,3 +196,28 @@ def test_clear_errors(tiny_teacher_dir, tiny_corpus, tmp_path, monkeypatch):
     with pytest.raises(FloatingPointError, match="Non-finite loss .* at step 1 of HiddenAlignmentTrainer"):
         linearize.main(_linearize_argv(tiny_teacher_dir, tiny_corpus, tmp_path / "d"))
     assert (tmp_path / "d" / "stage1-attention-transfer" / "stage_done.json").is_file()  # earlier work kept
+
+
+def test_teacher_runs_in_the_students_mixed_precision(tiny_teacher_dir, tiny_corpus, tmp_path):
+    """With --bf16 the frozen teacher runs in bf16 like the student (accelerate autocasts only the student's
+    forward; the teacher and the KD projections ran in fp32 before `mixed_precision`)."""
+    from transformers.models.llama import modeling_llama
+
+    from linzoo.trainers import linearize
+
+    attention = modeling_llama.LlamaAttention
+    original, dtypes = attention.forward, set()
+
+    def recording(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        dtypes.add(out[0].dtype)
+        return out
+
+    argv = _linearize_argv(tiny_teacher_dir, tiny_corpus, tmp_path / "bf16", tokens=256,
+                           extra=("--stage_fractions", "0", "0", "1", "--bf16", "true", "--use_cpu", "true"))
+    try:
+        attention.forward = recording
+        assert linearize.main(argv) == 0
+    finally:
+        attention.forward = original
+    assert dtypes == {torch.bfloat16}, dtypes

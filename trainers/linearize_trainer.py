@@ -3,12 +3,22 @@
 Each overrides only `compute_loss`; the losses are static methods with their own tests.
 """
 
+import contextlib
 import time
 
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from trl import SFTTrainer
+
+
+def mixed_precision(device, bf16=False, fp16=False):
+    """Autocast for what runs outside the student's forward: the frozen teacher and the KD loss's vocabulary
+    projections. Accelerate autocasts only the prepared model's forward, so without this the teacher and the
+    [tokens, vocab] matmuls ran in fp32 on a bf16 run. Softmaxes and losses stay fp32 (autocast's own rules)."""
+    if not (bf16 or fp16):
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16 if bf16 else torch.float16)
 
 
 class TeacherStudentTrainer(SFTTrainer):
@@ -50,7 +60,9 @@ class TeacherStudentTrainer(SFTTrainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         self._tokens += inputs["input_ids"].numel() * self.accelerator.num_processes
-        loss = self._check_finite(self.stage_loss(model, inputs))
+        with mixed_precision(self.accelerator.device, self.args.bf16, self.args.fp16):
+            loss = self.stage_loss(model, inputs)
+        loss = self._check_finite(loss)
         return (loss, None) if return_outputs else loss
 
 
