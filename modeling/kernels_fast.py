@@ -78,9 +78,10 @@ def _mlstm(q, k, v, log_f, i_gate, scale, initial_state, output_final_state):
         m0 = initial_state.new_zeros(B, H, 1, dtype=torch.float32)
     out_dtype = v.dtype
     if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, log_f, i_gate)):
-        # Training: the chunkwise kernels' bf16 backward loses the forget-gate gradient (measured on an H200 at
-        # the 135M shape: 1.2e-1 relative error vs 1.0e-2 for the torch path in bf16); on fp32 inputs it is
-        # 6.9e-3 (results/gpu/gpu_parity_H200.json, xlstm). Inference keeps bf16 (outputs agree to 1.2e-2).
+        # Training on bf16 weights without autocast (e.g. LoRA on a model loaded in bf16): the chunkwise kernels'
+        # bf16 backward loses the forget-gate gradient (H200, 135M shape: 1.2e-1 relative error vs 1.0e-2 for the
+        # torch path in bf16; 6.9e-3 on fp32 inputs; results/gpu/gpu_parity_H200.json, xlstm), so they get fp32.
+        # Under autocast the kernels cast to fp32 themselves (custom_fwd); inference keeps bf16.
         q, k, v = q.float(), k.float(), v.float()
     q, k, v = (x.transpose(1, 2) for x in (q, k, v))
     i_gate, f_pre = i_gate.transpose(1, 2).float(), f_pre.transpose(1, 2).float()

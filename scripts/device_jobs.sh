@@ -31,13 +31,14 @@ python3 -c "from linzoo.loading import resolve; print(resolve('embedded'))"  # c
 save_triton() { tar czf /tmp/triton.tgz -C "$TRITON_CACHE_DIR" . && [ "$(stat -c %s /tmp/triton.tgz)" -lt 16000000 ] \
   && cp /tmp/triton.tgz "$OUT/triton-cache.tgz"; }
 
-LIMIT=${LIMIT:-540}  # seconds per job; a device call may run 600 s in all
+LIMIT=${LIMIT:-540}  # seconds for this call's jobs, counted from the script's start (a device call runs <= 600 s)
+left() { echo $((LIMIT - SECONDS > 10 ? LIMIT - SECONDS : 10)); }  # what remains of LIMIT, for each timeout
 SHORT="linear_attn retnet gla deltanet kda xlstm"
 
 linearize() {  # mixer tokens [extra flags...]; rerun = resume; the log of every attempt is kept
   local m=$1 tokens=$2; shift 2
   if [ -f "/tmp/runs/$m/linzoo_training.json" ]; then echo "$m: finished already"; return; fi
-  timeout "$LIMIT" python3 -m linzoo.cli linearize --config "$R/recipes/135m/$m.yaml" --teacher embedded \
+  timeout "$(left)" python3 -m linzoo.cli linearize --config "$R/recipes/135m/$m.yaml" --teacher embedded \
     --total_tokens "$tokens" --output_dir "/tmp/runs/$m" --disable_tqdm true --report_to none \
     --save_steps 100 --save_total_limit 1 "$@" ${TRAIN_ARGS:-} >"/tmp/runs/$m.$(date +%s).log" 2>&1
   echo "$m: exit $?"
@@ -63,24 +64,24 @@ pack_runs() {  # all logs and the records of finished runs (never checkpoints) -
 
 case $PHASE in
 first)
-  (timeout "$LIMIT" python3 "$R/scripts/gpu_parity.py" --parallel --deadline $((LIMIT - 30)) ${PARITY_ARGS:-} --out "$OUT/gpu_parity.json" >"$OUT/gpu_parity.log" 2>&1
+  (timeout "$(left)" python3 "$R/scripts/gpu_parity.py" --parallel --deadline $(($(left) - 30)) ${PARITY_ARGS:-} --out "$OUT/gpu_parity.json" >"$OUT/gpu_parity.log" 2>&1
    echo "parity: exit $?") &
   train_all
   wait
   tail -12 "$OUT/gpu_parity.log"
   pack_runs; save_triton ;;
 parity)
-  timeout "$LIMIT" python3 "$R/scripts/gpu_parity.py" --parallel --deadline $((LIMIT - 30)) ${PARITY_ARGS:-} --out "$OUT/gpu_parity.json" 2>&1 | tee "$OUT/gpu_parity.log"
+  timeout "$(left)" python3 "$R/scripts/gpu_parity.py" --parallel --deadline $(($(left) - 30)) ${PARITY_ARGS:-} --out "$OUT/gpu_parity.json" 2>&1 | tee "$OUT/gpu_parity.log"
   save_triton ;;
 train)
   train_all; pack_runs ;;
 profile)  # where a KD training step's time goes (gated_deltanet, the recipe's batch)
   for t in "" --fp32_teacher; do  # as the trainer runs now, and as it ran before the teacher got autocast
-    timeout "$LIMIT" python3 "$R/scripts/profile_train_step.py" --mixer gated_deltanet $t \
+    timeout "$(left)" python3 "$R/scripts/profile_train_step.py" --mixer gated_deltanet $t \
       --out "$OUT/profile_train_step${t:+_fp32_teacher}.json" 2>&1 | tee -a "$OUT/profile_train_step.log"
   done ;;
 bench)
-  timeout "$LIMIT" python3 "$R/scripts/bench_speed.py" --iters 6 --new_tokens 48 --out "$OUT/bench_speed.json" 2>&1 \
+  timeout "$(left)" python3 "$R/scripts/bench_speed.py" --iters 6 --new_tokens 48 --out "$OUT/bench_speed.json" 2>&1 \
     | tee "$OUT/bench_speed.log"
   save_triton ;;
 eval)  # teacher + every finished student: full five tasks (recovery, KL) and NIAH 256-8k, all processes at once
@@ -89,10 +90,10 @@ eval)  # teacher + every finished student: full five tasks (recovery, KL) and NI
   for pair in $models; do
     name=${pair%%=*} spec=${pair#*=} teach="--teacher embedded"
     [ "$name" = teacher ] && teach=""
-    (timeout "$LIMIT" python3 -m linzoo.cli eval quality --model "$spec" $teach --data_dir "$R/.dev/eval" \
+    (timeout "$(left)" python3 -m linzoo.cli eval quality --model "$spec" $teach --data_dir "$R/.dev/eval" \
         --dtype bfloat16 --batch_size 64 --out "/tmp/eval/$name/quality" ${EVAL_ARGS:-} >"/tmp/eval/$name-quality.log" 2>&1
      echo "$name quality: exit $?"; tail -1 "/tmp/eval/$name-quality.log") &
-    (timeout "$LIMIT" python3 -m linzoo.cli eval niah --model "$spec" --lengths 256,512,1024,2048,4096,8192 \
+    (timeout "$(left)" python3 -m linzoo.cli eval niah --model "$spec" --lengths 256,512,1024,2048,4096,8192 \
         --dtype bfloat16 --batch_size 8 --out "/tmp/eval/$name/niah" ${NIAH_ARGS:-} >"/tmp/eval/$name-niah.log" 2>&1
      echo "$name niah: exit $?"; tail -1 "/tmp/eval/$name-niah.log") &
   done

@@ -45,7 +45,7 @@ def main():
     autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cuda)  # what accelerate does to the student
 
     def outside():  # the teacher and the KD loss, as the trainer runs them
-        return mixed_precision(dev, bf16=cuda and not args.fp32_teacher)
+        return mixed_precision(dev, "bf16" if cuda and not args.fp32_teacher else "no")
 
     def sync():
         if cuda:

@@ -12,13 +12,14 @@ from torch.utils.checkpoint import checkpoint
 from trl import SFTTrainer
 
 
-def mixed_precision(device, bf16=False, fp16=False):
+def mixed_precision(device, mode):
     """Autocast for what runs outside the student's forward: the frozen teacher and the KD loss's vocabulary
-    projections. Accelerate autocasts only the prepared model's forward, so without this the teacher and the
-    [tokens, vocab] matmuls ran in fp32 on a bf16 run. Softmaxes and losses stay fp32 (autocast's own rules)."""
-    if not (bf16 or fp16):
+    projections, in the run's mixed precision `mode` ("bf16", "fp16" or "no", as accelerate's). Accelerate
+    autocasts only the prepared model's forward, so without this the teacher and the [tokens, vocab] matmuls ran
+    in fp32 on a bf16 run. Softmaxes and losses stay fp32 (autocast's own rules)."""
+    if mode not in ("bf16", "fp16"):
         return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16 if bf16 else torch.float16)
+    return torch.autocast(device.type, dtype=torch.bfloat16 if mode == "bf16" else torch.float16)
 
 
 class TeacherStudentTrainer(SFTTrainer):
@@ -60,7 +61,7 @@ class TeacherStudentTrainer(SFTTrainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         self._tokens += inputs["input_ids"].numel() * self.accelerator.num_processes
-        with mixed_precision(self.accelerator.device, self.args.bf16, self.args.fp16):
+        with mixed_precision(self.accelerator.device, self.accelerator.mixed_precision):
             loss = self.stage_loss(model, inputs)
         loss = self._check_finite(loss)
         return (loss, None) if return_outputs else loss
@@ -143,7 +144,8 @@ class KnowledgeDistillationTrainer(TeacherStudentTrainer):
         """(1 - alpha) * CE(student, labels) + alpha * T^2 * KL(teacher_T || student_T), per label token.
 
         Hidden states come in instead of logits: vocabulary logits are formed `chunk_size` positions at a time
-        in fp32 and recomputed in backward (checkpoint), so the full [tokens, vocab] fp32 logits never exist.
+        (the projection in the run's autocast dtype, softmaxes in fp32) and recomputed in backward (checkpoint),
+        so the full [tokens, vocab] fp32 logits never exist.
         `labels` are already aligned with the hidden states (shifted), -100 where nothing is predicted.
         Returns (loss, ce, kl).
         """
