@@ -33,7 +33,7 @@ save_triton() { tar czf /tmp/triton.tgz -C "$TRITON_CACHE_DIR" . && [ "$(stat -c
 
 LIMIT=${LIMIT:-540}  # seconds for this call's jobs, counted from the script's start (a device call runs <= 600 s)
 left() { echo $((LIMIT - SECONDS > 10 ? LIMIT - SECONDS : 10)); }  # what remains of LIMIT, for each timeout
-SHORT="linear_attn retnet gla deltanet kda xlstm"
+SHORT=${SHORT-linear_attn retnet gla deltanet kda xlstm}  # SHORT= (empty): the Gated DeltaNet run alone
 
 linearize() {  # mixer tokens [extra flags...]; rerun = resume; the log of every attempt is kept
   local m=$1 tokens=$2; shift 2
@@ -46,6 +46,7 @@ linearize() {  # mixer tokens [extra flags...]; rerun = resume; the log of every
 
 train_all() {  # Gated DeltaNet with the recipe's batch; the short runs with 2 x 4 accumulation (same tokens/step)
   linearize gated_deltanet "${TRAIN_TOKENS:-20000000}" --logging_steps 10 &
+  [ -z "$SHORT" ] && { wait; return; }
   # pack the short runs' shared 2M-token budget once, before six processes race for the same datasets cache file
   python3 -c "from linzoo import load_teacher; from linzoo.data import load_text_dataset, pack_dataset
 pack_dataset(load_text_dataset('embedded', split='train'), load_teacher('embedded')[1], 2048, max_tokens=${SHORT_TOKENS:-2000000})"
