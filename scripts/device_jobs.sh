@@ -12,7 +12,7 @@
 # CPU dry run of the plumbing: TRAIN_TOKENS, SHORT_TOKENS, TRAIN_ARGS, EVAL_ARGS, NIAH_ARGS shrink the jobs;
 # PARITY_ARGS (e.g. "--mixers xlstm") narrows the parity check.
 set -uo pipefail
-PHASE=${1:?phase: parity | bench | train | short | eval}
+PHASE=${1:?phase: first | train | eval | parity | bench | profile}
 R=$PWD
 OUT=${OUT:-/tmp/linzoo-out}
 mkdir -p "$OUT" /tmp/work /tmp/runs /tmp/eval
