@@ -185,11 +185,16 @@ def run_niah(model, tokenizer, lengths, depths, needle: str = "passkey", prompt_
                               prompt_format)
                for length in lengths for depth in depths for i in range(samples_per_cell)]
     hits: dict[tuple[int, float], list[bool]] = {}
+    examples = []  # the first sample of every cell: what was asked for and what came out
     for start in tqdm(range(0, len(samples), batch_size), desc=f"niah {needle}", unit="batch"):
         chunk = samples[start:start + batch_size]
         texts = _generate(model, tokenizer, chunk, max_new_tokens)
         for sample, text in zip(chunk, texts):
-            hits.setdefault((sample.context_len, sample.depth), []).append(sample.answer in text)
+            cell = hits.setdefault((sample.context_len, sample.depth), [])
+            if not cell:
+                examples.append({"length": sample.context_len, "depth": sample.depth, "answer": sample.answer,
+                                 "generated": text, "hit": sample.answer in text})
+            cell.append(sample.answer in text)
     accuracy = {str(l): {f"{d:g}": sum(hits[l, d]) / len(hits[l, d]) for d in depths} for l in lengths}
     return {
         "schema": SCHEMA,
@@ -203,6 +208,7 @@ def run_niah(model, tokenizer, lengths, depths, needle: str = "passkey", prompt_
         "mean_by_length": {l: sum(row.values()) / len(row) for l, row in accuracy.items()},
         "overall": sum(sum(h) for h in hits.values()) / len(samples),
         "seed": seed,
+        "examples": examples,
     }
 
 

@@ -22,7 +22,7 @@ VERBS = ["watched", "painted", "crossed", "opened", "followed", "described"]
 FILLER = [f"The {a} {v} the {b} before the {c} was quiet again." for a in NOUNS for v in VERBS
           for b, c in [(NOUNS[(len(a) + len(v)) % 8], NOUNS[len(v) % 8])]]
 NIAH_KEYS = {"schema", "model", "needle", "prompt_format", "lengths", "depths", "samples_per_cell", "accuracy",
-             "mean_by_length", "overall", "seed"}
+             "mean_by_length", "overall", "seed", "examples"}
 QUALITY_KEYS = {"schema", "model", "teacher", "limit", "tasks", "teacher_tasks", "recovery", "recovery_metric",
                 "perplexity", "teacher_perplexity", "kl_to_teacher", "heldout_tokens"}
 
@@ -271,6 +271,10 @@ def test_needle_detection(needle, tmp_path):
     assert right["overall"] == 1.0 and wrong["overall"] == 0.0
     assert right["accuracy"] == {"200": {"0": 1.0, "0.5": 1.0, "1": 1.0}, "300": {"0": 1.0, "0.5": 1.0, "1": 1.0}}
     assert set(right) == NIAH_KEYS and right["mean_by_length"] == {"200": 1.0, "300": 1.0}
+    # one example per cell, with what was generated: the echo finds the key, the wrong model says 123
+    assert [(e["length"], e["depth"]) for e in wrong["examples"]] == [(l, d) for l in (200, 300) for d in (0, 0.5, 1)]
+    assert all(e["hit"] and e["answer"] in e["generated"] for e in right["examples"])
+    assert all(not e["hit"] and "123" in e["generated"] for e in wrong["examples"])
     sample = niah.build_haystack(tok, FILLER, 200, 0.5, needle, seed=4)
     text, correct, seconds = niah.answer_one(EchoLM(tok), tok, sample)
     assert correct and sample.answer in text and seconds >= 0
