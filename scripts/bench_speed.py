@@ -38,6 +38,10 @@ def fla_peer(mixer):
     return model_cls(cfg_cls(**SHAPE, **heads, **extra))
 
 
+def params_m(model):
+    return round(sum(p.numel() for p in model.parameters()) / 1e6, 1)
+
+
 def time_train(model, ids, iters, warmup=3):
     model.train()
     for _ in range(warmup):
@@ -103,12 +107,12 @@ def main():
     res = {"card": torch.cuda.get_device_name(), "torch": torch.__version__, "batch": args.batch,
            "seq_len": args.seq_len, "dtype": "bfloat16", "rows": {}}
     tps, mem = time_train(teacher, ids, args.iters)
-    res["rows"]["teacher"] = {"train_tok_s": tps, "train_peak_gib": mem,
+    res["rows"]["teacher"] = {"params_m": params_m(teacher), "train_tok_s": tps, "train_peak_gib": mem,
                               "decode_ms_per_token": time_generate(teacher, prompt, args.new_tokens)}
     print("teacher", json.dumps(res["rows"]["teacher"]), flush=True)
     for mixer in args.mixers.split(","):
-        row = {}
         ours = linzoo.linearize(teacher, mixer).to(dev, torch.bfloat16)
+        row = {"params_m": params_m(ours)}  # the peers have fla's defaults (e.g. output gates): sizes differ
         ours.config.kernel_backend = "fast"
         row["train_tok_s"], row["train_peak_gib"] = time_train(ours, ids, args.iters)
         row["decode_ms_per_token"] = time_generate(ours, prompt, args.new_tokens)
@@ -118,6 +122,7 @@ def main():
         peer = None if args.skip_peers else fla_peer(mixer)
         if peer is not None:
             peer = peer.to(dev, torch.bfloat16)
+            row["peer_params_m"] = params_m(peer)
             row["peer_train_tok_s"], row["peer_train_peak_gib"] = time_train(peer, ids, args.iters)
             row["peer_decode_ms_per_token"] = time_generate(peer, prompt, args.new_tokens)
             row["train_ratio"] = row["train_tok_s"] / row["peer_train_tok_s"]
