@@ -114,6 +114,9 @@ def test_linearize_three_stages_then_resume(tiny_teacher_dir, tiny_corpus, tmp_p
     log = capsys.readouterr().out
     assert "stage1-attention-transfer already finished" in log and f"resuming stage3-kd from" in log
     assert f"checkpoint-{last}" in log
+    # the closing summary: one line per stage, its speed labelled (loop's steady speed, or wall time)
+    summary = [line for line in log.splitlines() if line.startswith("  stage")]
+    assert len(summary) == 3 and all(line.endswith(("(steady)", "(wall)")) for line in summary)
 
 
 def test_gradient_accumulation_keeps_the_loss_scale(tiny_teacher_dir, tiny_corpus, tmp_path):

@@ -146,8 +146,11 @@ def main(argv=None):
     (args,) = TrlParser(LinearizeConfig).parse_args_and_config(argv)
     student, tokenizer, record = linearize_run(args)
     for s in record["stages"]:
-        print(f"  {s['stage']:28s} tokens {s['tokens']:>10,}  loss {s['first_loss']} -> {s['final_loss']}"
-              f"  tokens/s {s.get('tokens_per_second_steady') or s.get('tokens_per_second')}")
+        steady = s.get("tokens_per_second_steady")  # the loop's own speed; else wall time (start-up included)
+        speed = f"{steady} (steady)" if steady else f"{s.get('tokens_per_second')} (wall)"
+        first, final = ("n/a" if v is None else f"{v:.4g}" for v in (s["first_loss"], s["final_loss"]))
+        print(f"  {s['stage']:28s} tokens {s['tokens']:>10,}  loss {first} -> {final}"
+              f"  tokens/s {speed}")
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True, tokenize=False
     ) if tokenizer.chat_template else "The capital of France is"
