@@ -112,7 +112,7 @@ def test_linearize_three_stages_then_resume(tiny_teacher_dir, tiny_corpus, tmp_p
     capsys.readouterr()
     assert linearize.main(_linearize_argv(tiny_teacher_dir, tiny_corpus, out, mixer)) == 0
     log = capsys.readouterr().out
-    assert "stage1-attention-transfer already finished" in log and f"resuming stage3-kd from" in log
+    assert "stage1-attention-transfer already finished" in log and "resuming stage3-kd from" in log
     assert f"checkpoint-{last}" in log
     # the closing summary: one line per stage, its speed labelled (loop's steady speed, or wall time)
     summary = [line for line in log.splitlines() if line.startswith("  stage")]
