@@ -195,12 +195,32 @@ def heldout_metrics(model, tokenizer, texts: list[str], max_tokens: int = 16384,
             "heldout_tokens": count}
 
 
+def reuse_teacher_scores(teacher_results: dict, tasks: list[str], docs: dict, limit: int | None) -> dict:
+    """The task scores of an earlier `quality.json` of the teacher, checked to cover the same tasks and
+    document counts, so several students are compared without re-scoring the teacher for each."""
+    if teacher_results.get("schema") != SCHEMA:
+        raise ValueError(f"teacher results must be a {SCHEMA} quality.json, got schema {teacher_results.get('schema')!r}")
+    have = teacher_results.get("tasks") or {}
+    missing = [t for t in tasks if t not in have]
+    if missing:
+        raise ValueError(f"the teacher results have no scores for {missing} (they hold {sorted(have)}): run "
+                         "`linzoo eval quality --model <teacher>` with these tasks, or pass --teacher instead")
+    if any(have[t]["n"] != len(docs[t]) for t in tasks):
+        raise ValueError(
+            f"the teacher results were scored on other documents (n {[have[t]['n'] for t in tasks]}, limit "
+            f"{teacher_results.get('limit')}) than this run (n {[len(docs[t]) for t in tasks]}, limit {limit}): "
+            "use the same --data_dir and --limit for both")
+    return {t: have[t] for t in tasks}
+
+
 def evaluate_quality(model, tokenizer, tasks=TASKS, data_dir: str | None = None, limit: int | None = None,
                      batch_size: int = 8, teacher=None, teacher_tokenizer=None, heldout=None,
                      heldout_tokens: int = 16384, model_name: str | None = None,
-                     teacher_name: str | None = None) -> dict:
+                     teacher_name: str | None = None, teacher_results: dict | None = None) -> dict:
     """The linzoo.quality/v1 dict. `heldout`: texts for perplexity (None = linzoo.data's "embedded" test
-    split, or a .txt path / spec / list); heldout_tokens=0 skips perplexity and KL."""
+    split, or a .txt path / spec / list); heldout_tokens=0 skips perplexity and KL. `teacher_results`: the
+    teacher's own quality dict on the same documents; its task scores are reused (recovery needs no teacher
+    model then; a `teacher` model still gives the held-out KL)."""
     tasks = parse_list(tasks, str)
     for task in tasks:
         _check_task(task)
@@ -212,9 +232,13 @@ def evaluate_quality(model, tokenizer, tasks=TASKS, data_dir: str | None = None,
     scores = {task: score_task(model, tokenizer, task, docs[task], batch_size) for task in tasks}
     metric = {task: "acc_norm" if task in NORMED else "acc" for task in tasks}
     teacher_scores = recovery = None
-    if teacher is not None:
+    if teacher_results is not None:
+        teacher_scores = reuse_teacher_scores(teacher_results, tasks, docs, limit)
+        teacher_name = teacher_name or teacher_results.get("model")
+    elif teacher is not None:
         teacher_tokenizer = teacher_tokenizer or tokenizer
         teacher_scores = {task: score_task(teacher, teacher_tokenizer, task, docs[task], batch_size) for task in tasks}
+    if teacher_scores is not None:
         recovery = {task: scores[task][metric[task]] / teacher_scores[task][metric[task]] * 100
                     if teacher_scores[task][metric[task]] else None for task in tasks}
         defined = [r for r in recovery.values() if r is not None]
@@ -222,7 +246,7 @@ def evaluate_quality(model, tokenizer, tasks=TASKS, data_dir: str | None = None,
     return {
         "schema": SCHEMA,
         "model": model_name or name_of(model),
-        "teacher": (teacher_name or name_of(teacher)) if teacher is not None else None,
+        "teacher": (teacher_name or name_of(teacher)) if teacher_scores is not None else None,
         "limit": limit,
         "tasks": scores,
         "teacher_tasks": teacher_scores,
@@ -280,6 +304,9 @@ class QualityArguments(ModelArguments):
     limit: int | None = field(default=None, metadata={"help": "first N docs per task (default: all)"})
     heldout: str = field(default="embedded", metadata={"help": "held-out texts: linzoo.data spec or .txt path"})
     heldout_tokens: int = field(default=16384, metadata={"help": "perplexity token budget (0 = skip)"})
+    teacher_results: str | None = field(default=None, metadata={
+        "help": "the teacher's quality.json on the same tasks/--limit: its scores are reused, not recomputed "
+                "(--teacher is then needed only for the held-out KL)"})
 
     def __post_init__(self):
         for task in parse_list(self.tasks, str):
@@ -293,8 +320,10 @@ def main(argv: list[str] | None = None) -> dict:
     model, tokenizer = load_for_eval(args.model, args.device, args.dtype)
     teacher, teacher_tokenizer = (load_for_eval(args.teacher, args.device, args.dtype, teacher=True)
                                   if args.teacher else (None, None))
+    teacher_results = json.loads(Path(args.teacher_results).read_text()) if args.teacher_results else None
     results = evaluate_quality(model, tokenizer, args.tasks, args.data_dir, args.limit, args.batch_size, teacher,
-                               teacher_tokenizer, args.heldout, args.heldout_tokens, args.model, args.teacher)
+                               teacher_tokenizer, args.heldout, args.heldout_tokens, args.model, args.teacher,
+                               teacher_results)
     json_path, _ = save_quality(results, args.out)
     summary = {t: round(s[results["recovery_metric"][t]], 4) for t, s in results["tasks"].items()}
     print(f"{args.model}: {summary} recovery={results['recovery'] and results['recovery']['average']} -> {json_path}")

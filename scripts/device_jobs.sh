@@ -101,21 +101,33 @@ bench)
   timeout "$(left)" python3 "$R/scripts/bench_speed.py" --iters 6 --new_tokens 48 ${BENCH_ARGS:-} --out "$OUT/bench_speed.json" 2>&1 \
     | tee "$OUT/bench_speed.log"
   save_triton ;;
-eval)  # teacher + every finished student: full five tasks (recovery, KL) and NIAH 256-8k, all processes at once
+eval)  # teacher + every finished student: full five tasks (recovery, KL) and NIAH 256-8k
+  # NIAH of every model at once; the teacher's quality first, so that each student's reuses its task scores
+  # (--teacher_results) and only needs the teacher for the held-out KL. A job that succeeded in an earlier
+  # call is not repeated (its .ok marker).
   models="teacher=embedded" pids=()
   for d in /tmp/runs/*/; do [ -f "$d/linzoo_training.json" ] && models="$models $(basename "$d")=$d"; done
+  quality() {  # name spec [flags...]
+    local name=$1 spec=$2; shift 2
+    [ -f "/tmp/eval/$name-quality.ok" ] && return
+    timeout "$(left)" python3 -m linzoo.cli eval quality --model "$spec" "$@" --data_dir "$R/.dev/eval" \
+      --dtype bfloat16 --batch_size 64 --out "/tmp/eval/$name/quality" ${EVAL_ARGS:-} \
+      >"/tmp/eval/$name-quality.log" 2>&1 && touch "/tmp/eval/$name-quality.ok"
+    echo "$name quality: exit $?"; tail -1 "/tmp/eval/$name-quality.log"
+  }
   for pair in $models; do
-    name=${pair%%=*} spec=${pair#*=} teach="--teacher embedded"
-    [ "$name" = teacher ] && teach=""
-    # a job that succeeded in an earlier call is not repeated (its .ok marker)
-    [ -f "/tmp/eval/$name-quality.ok" ] || { (timeout "$(left)" python3 -m linzoo.cli eval quality --model "$spec" $teach \
-        --data_dir "$R/.dev/eval" --dtype bfloat16 --batch_size 64 --out "/tmp/eval/$name/quality" ${EVAL_ARGS:-} \
-        >"/tmp/eval/$name-quality.log" 2>&1 && touch "/tmp/eval/$name-quality.ok"
-     echo "$name quality: exit $?"; tail -1 "/tmp/eval/$name-quality.log") & pids+=($!); }
+    name=${pair%%=*} spec=${pair#*=}
     [ -f "/tmp/eval/$name-niah.ok" ] || { (timeout "$(left)" python3 -m linzoo.cli eval niah --model "$spec" \
         --lengths 256,512,1024,2048,4096,8192 --dtype bfloat16 --batch_size 8 --out "/tmp/eval/$name/niah" ${NIAH_ARGS:-} \
         >"/tmp/eval/$name-niah.log" 2>&1 && touch "/tmp/eval/$name-niah.ok"
      echo "$name niah: exit $?"; tail -1 "/tmp/eval/$name-niah.log") & pids+=($!); }
+  done
+  quality teacher embedded
+  reuse=()
+  [ -f /tmp/eval/teacher-quality.ok ] && reuse=(--teacher_results /tmp/eval/teacher/quality/quality.json)
+  for pair in $models; do
+    name=${pair%%=*} spec=${pair#*=}
+    [ "$name" = teacher ] || { quality "$name" "$spec" --teacher embedded "${reuse[@]}" & pids+=($!); }
   done
   [ ${#pids[@]} -gt 0 ] && wait "${pids[@]}"  # not the training runs, which may still be this shell's children
   tar czf "$OUT/eval.tgz" -C /tmp/eval . ;;

@@ -193,6 +193,18 @@ def test_recovery_uses_acc_norm_where_defined_and_schema(tmp_path):
     assert results["heldout_tokens"] == 4 and results["kl_to_teacher"] > 0
     json_path, png_path = quality.save_quality(results, tmp_path / "out")
     assert json.loads(json_path.read_text()) == results and png_path.read_bytes()[:4] == b"\x89PNG"
+    # The teacher's own results, reused for a student: the same recovery, no teacher model needed.
+    alone = quality.evaluate_quality(teacher, tok, "arc_easy,winogrande", str(data), None, 4, heldout_tokens=0,
+                                     model_name="t")
+    reused = quality.evaluate_quality(student, tok, "arc_easy,winogrande", str(data), None, 4, heldout_tokens=0,
+                                      teacher_results=alone)
+    assert reused["teacher_tasks"] == results["teacher_tasks"] and reused["recovery"] == results["recovery"]
+    assert reused["teacher"] == "t" and reused["kl_to_teacher"] is None
+    (data / "piqa.jsonl").write_text(json.dumps({"query": "Question: Q", "choices": ["a", "B"], "gold": 0}))
+    with pytest.raises(ValueError, match="no scores for \\['piqa'\\]"):
+        quality.evaluate_quality(student, tok, "piqa", str(data), None, 4, heldout_tokens=0, teacher_results=alone)
+    with pytest.raises(ValueError, match="other documents"):  # 1 winogrande doc here, 2 in the teacher's results
+        quality.evaluate_quality(student, tok, "winogrande", str(data), 1, 4, heldout_tokens=0, teacher_results=alone)
 
 
 @pytest.mark.skipif(not EVAL_DATA.is_dir(), reason="shared eval data missing")
@@ -315,3 +327,9 @@ def test_mains_write_results(tmp_path, monkeypatch):
     assert results["teacher"] == "t" and results["tasks"]["piqa"]["n"] == 1 and results["limit"] == 5
     assert json.loads((tmp_path / "q" / "quality.json").read_text()) == results
     assert math.isfinite(results["kl_to_teacher"])
+    common = ["--tasks", "piqa", "--data_dir", str(data), "--heldout", str(filler), "--heldout_tokens", "64"]
+    quality.main(["--model", "t", *common, "--out", str(tmp_path / "tq")])  # the teacher alone, once
+    reused = quality.main(["--model", "m", *common, "--teacher_results", str(tmp_path / "tq" / "quality.json"),
+                           "--out", str(tmp_path / "q2")])
+    assert reused["teacher_tasks"] == results["teacher_tasks"] and reused["recovery"] == results["recovery"]
+    assert reused["teacher"] == "t" and reused["kl_to_teacher"] is None

@@ -224,3 +224,19 @@ def test_teacher_runs_in_the_students_mixed_precision(tiny_teacher_dir, tiny_cor
     finally:
         attention.forward = original
     assert dtypes == {torch.bfloat16}, dtypes
+
+
+def test_linearize_is_reproducible_under_its_seed(tiny_teacher_dir, tiny_corpus, tmp_path):
+    """--seed fixes everything random in a run, the new mixer parameters' initialisation included."""
+    from safetensors.torch import load_file
+
+    from linzoo.trainers import linearize
+
+    def run(name, seed):
+        out = tmp_path / name
+        linearize.main(_linearize_argv(tiny_teacher_dir, tiny_corpus, out, tokens=600, extra=("--seed", str(seed))))
+        return load_file(out / "model.safetensors")
+
+    a, b, c = run("a", 1), run("b", 1), run("c", 2)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], c[k]) for k in a if "a_proj" in k or "A_log" in k)

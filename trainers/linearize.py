@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import torch
+from transformers import set_seed
 from transformers.trainer_utils import get_last_checkpoint
 from trl import TrlParser
 
@@ -120,6 +121,7 @@ def linearize_run(args: LinearizeConfig):
             summaries.append(json.loads((stage_dir / "stage_done.json").read_text()))
             continue
         if student is None:
+            set_seed(args.seed)  # the new parameters' initialisation, like the Trainer's own randomness, follows --seed
             student = linearize(teacher, args.mixer, attn_layers=args.attn_layers, kernel_backend=args.kernel_backend)
             check_same_vocab(student, teacher)
         if args.stage_tokens()[index] == 0:
