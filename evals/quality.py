@@ -200,6 +200,9 @@ def reuse_teacher_scores(teacher_results: dict, tasks: list[str], docs: dict, li
     document counts, so several students are compared without re-scoring the teacher for each."""
     if teacher_results.get("schema") != SCHEMA:
         raise ValueError(f"teacher results must be a {SCHEMA} quality.json, got schema {teacher_results.get('schema')!r}")
+    if teacher_results.get("teacher") is not None:
+        raise ValueError(f"these results are a student's ({teacher_results.get('model')!r}, scored against "
+                         f"{teacher_results['teacher']!r}): pass the teacher's own quality.json, made without --teacher")
     have = teacher_results.get("tasks") or {}
     missing = [t for t in tasks if t not in have]
     if missing:
@@ -317,10 +320,10 @@ def main(argv: list[str] | None = None) -> dict:
     from transformers import HfArgumentParser
 
     (args,) = HfArgumentParser(QualityArguments).parse_args_into_dataclasses(args=argv)
+    teacher_results = json.loads(Path(args.teacher_results).read_text()) if args.teacher_results else None
     model, tokenizer = load_for_eval(args.model, args.device, args.dtype)
     teacher, teacher_tokenizer = (load_for_eval(args.teacher, args.device, args.dtype, teacher=True)
                                   if args.teacher else (None, None))
-    teacher_results = json.loads(Path(args.teacher_results).read_text()) if args.teacher_results else None
     results = evaluate_quality(model, tokenizer, args.tasks, args.data_dir, args.limit, args.batch_size, teacher,
                                teacher_tokenizer, args.heldout, args.heldout_tokens, args.model, args.teacher,
                                teacher_results)

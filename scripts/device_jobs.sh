@@ -47,10 +47,11 @@ linearize() {  # mixer tokens [extra flags...]: starts it in the background unle
   if [ -f "/tmp/runs/$m/linzoo_training.json" ]; then echo "$m: finished already"; return; fi
   if ! flock -n "/tmp/runs/$m.lock" true; then echo "$m: still running (from an earlier call)"; return; fi
   echo "$m: starting (or resuming)"
-  setsid nohup flock "/tmp/runs/$m.lock" python3 -m linzoo.cli linearize --config "$R/recipes/135m/$m.yaml" \
+  setsid nohup flock -o "/tmp/runs/$m.lock" python3 -m linzoo.cli linearize --config "$R/recipes/135m/$m.yaml" \
     --teacher embedded --total_tokens "$tokens" --output_dir "/tmp/runs/$m" --disable_tqdm true --report_to none \
     --save_steps 100 --save_total_limit 1 "$@" ${TRAIN_ARGS:-} >"/tmp/runs/$m.$(date +%s).log" 2>&1 </dev/null &
   for _ in $(seq 100); do flock -n "/tmp/runs/$m.lock" true || return 0; sleep 0.1; done  # until it holds the lock
+  echo "$m: WARNING its process did not take the lock within 10 s (died at start? see /tmp/runs/$m.*.log)"
 }
 
 start_runs() {  # Gated DeltaNet with the recipe's batch; the short runs with 2 x 4 accumulation (same tokens/step)
@@ -66,9 +67,9 @@ pack_dataset(load_text_dataset('embedded', split='train'), load_teacher('embedde
 }
 
 wait_runs() {  # until no run holds its lock, or 20 s before LIMIT; prints each run's last log line now and then
-  local n=0
+  local n=0 busy=""
   while [ $((LIMIT - SECONDS)) -gt 20 ]; do
-    local busy=""
+    busy=""
     for m in $RUNS; do [ -e "/tmp/runs/$m.lock" ] && ! flock -n "/tmp/runs/$m.lock" true && busy="$busy $m"; done
     [ -z "$busy" ] && { echo "no run is training"; return 0; }
     if [ $((n++ % 12)) = 0 ]; then

@@ -203,6 +203,8 @@ def test_recovery_uses_acc_norm_where_defined_and_schema(tmp_path):
     (data / "piqa.jsonl").write_text(json.dumps({"query": "Question: Q", "choices": ["a", "B"], "gold": 0}))
     with pytest.raises(ValueError, match="no scores for \\['piqa'\\]"):
         quality.evaluate_quality(student, tok, "piqa", str(data), None, 4, heldout_tokens=0, teacher_results=alone)
+    with pytest.raises(ValueError, match="a student's"):  # scored against a teacher: not the teacher's own results
+        quality.evaluate_quality(student, tok, "arc_easy", str(data), None, 4, heldout_tokens=0, teacher_results=results)
     with pytest.raises(ValueError, match="other documents"):  # 1 winogrande doc here, 2 in the teacher's results
         quality.evaluate_quality(student, tok, "winogrande", str(data), 1, 4, heldout_tokens=0, teacher_results=alone)
 
