@@ -104,33 +104,30 @@ bench)
   save_triton ;;
 eval)  # teacher + every finished student: full five tasks (recovery, KL) and NIAH 256-8k
   # NIAH of every model at once; the teacher's quality first, so that each student's reuses its task scores
-  # (--teacher_results) and only needs the teacher for the held-out KL. A job that succeeded in an earlier
-  # call is not repeated (its .ok marker).
-  models="teacher=embedded" pids=()
+  # (--teacher_results) and only needs the teacher for the held-out KL.
+  models="teacher=embedded" pids=() qflags=(--data_dir "$R/.dev/eval" --batch_size 64)
   for d in /tmp/runs/*/; do [ -f "$d/linzoo_training.json" ] && models="$models $(basename "$d")=$d"; done
-  quality() {  # name spec [flags...]
-    local name=$1 spec=$2; shift 2
-    [ -f "/tmp/eval/$name-quality.ok" ] && return
-    timeout "$(left)" python3 -m linzoo.cli eval quality --model "$spec" "$@" --data_dir "$R/.dev/eval" \
-      --dtype bfloat16 --batch_size 64 --out "/tmp/eval/$name/quality" ${EVAL_ARGS:-} \
-      >"/tmp/eval/$name-quality.log" 2>&1 && touch "/tmp/eval/$name-quality.ok"
-    echo "$name quality: exit $?"; tail -1 "/tmp/eval/$name-quality.log"
+  eval_job() {  # name quality|niah spec [flags...]; a job that succeeded in an earlier call (its .ok marker) is skipped
+    local name=$1 kind=$2 spec=$3; shift 3
+    [ -f "/tmp/eval/$name-$kind.ok" ] && return
+    timeout "$(left)" python3 -m linzoo.cli eval "$kind" --model "$spec" --dtype bfloat16 --out "/tmp/eval/$name/$kind" \
+      "$@" >"/tmp/eval/$name-$kind.log" 2>&1 && touch "/tmp/eval/$name-$kind.ok"
+    echo "$name $kind: exit $?"; tail -1 "/tmp/eval/$name-$kind.log"
   }
   for pair in $models; do
-    name=${pair%%=*} spec=${pair#*=}
-    [ -f "/tmp/eval/$name-niah.ok" ] || { (timeout "$(left)" python3 -m linzoo.cli eval niah --model "$spec" \
-        --lengths 256,512,1024,2048,4096,8192 --dtype bfloat16 --batch_size 8 --out "/tmp/eval/$name/niah" ${NIAH_ARGS:-} \
-        >"/tmp/eval/$name-niah.log" 2>&1 && touch "/tmp/eval/$name-niah.ok"
-     echo "$name niah: exit $?"; tail -1 "/tmp/eval/$name-niah.log") & pids+=($!); }
+    eval_job "${pair%%=*}" niah "${pair#*=}" --lengths 256,512,1024,2048,4096,8192 --batch_size 8 ${NIAH_ARGS:-} &
+    pids+=($!)
   done
-  quality teacher embedded
+  eval_job teacher quality embedded "${qflags[@]}" ${EVAL_ARGS:-}
   reuse=()
   [ -f /tmp/eval/teacher-quality.ok ] && reuse=(--teacher_results /tmp/eval/teacher/quality/quality.json)
   for pair in $models; do
-    name=${pair%%=*} spec=${pair#*=}
-    [ "$name" = teacher ] || { quality "$name" "$spec" --teacher embedded "${reuse[@]}" & pids+=($!); }
+    name=${pair%%=*}
+    [ "$name" = teacher ] && continue
+    eval_job "$name" quality "${pair#*=}" --teacher embedded "${reuse[@]}" "${qflags[@]}" ${EVAL_ARGS:-} &
+    pids+=($!)
   done
-  [ ${#pids[@]} -gt 0 ] && wait "${pids[@]}"  # not the training runs, which may still be this shell's children
+  wait "${pids[@]}"  # not the training runs, which may still be this shell's children
   tar czf "$OUT/eval.tgz" -C /tmp/eval . ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
