@@ -12,6 +12,7 @@
 # Needs what `.dev/stage.sh` provides (fla, mlstm-kernels, tilelang on PYTHONPATH; TEACHER_GGUF) and, carried
 # in `.dev/`, the embedded text corpus (`.dev/lzcache/`) and the five eval sets (`.dev/eval/`). Everything a
 # later phase needs (students, Triton cache) stays in /tmp on the warm machine. Results go to $OUT.
+# LONG (default gated_deltanet; empty for none) and SHORT (six mixers; empty for none) pick the runs.
 # CPU dry run of the plumbing: TRAIN_TOKENS, SHORT_TOKENS, TRAIN_ARGS, EVAL_ARGS, NIAH_ARGS shrink the jobs;
 # PARITY_ARGS (e.g. "--mixers xlstm") narrows the parity check.
 set -uo pipefail
@@ -39,8 +40,9 @@ save_triton() { tar czf /tmp/triton.tgz -C "$TRITON_CACHE_DIR" . && [ "$(stat -c
 LIMIT=${LIMIT:-540}  # seconds for this call's jobs, counted from the script's start (a device call runs <= 600 s)
 left() { echo $((LIMIT - SECONDS > 10 ? LIMIT - SECONDS : 10)); }  # what remains of LIMIT, for each timeout
 SHORT=${SHORT-linear_attn retnet gla deltanet kda xlstm}  # SHORT= (empty): the Gated DeltaNet run alone
+LONG=${LONG-gated_deltanet}  # LONG= (empty): the short runs alone (the 20M-token run is not started)
 
-RUNS="gated_deltanet $SHORT"
+RUNS="$LONG $SHORT"
 
 linearize() {  # mixer tokens [extra flags...]: starts it in the background unless finished or already running
   local m=$1 tokens=$2; shift 2
@@ -55,7 +57,7 @@ linearize() {  # mixer tokens [extra flags...]: starts it in the background unle
 }
 
 start_runs() {  # Gated DeltaNet with the recipe's batch; the short runs with 2 x 4 accumulation (same tokens/step)
-  linearize gated_deltanet "${TRAIN_TOKENS:-20000000}" --logging_steps 10
+  for m in $LONG; do linearize "$m" "${TRAIN_TOKENS:-20000000}" --logging_steps 10; done
   [ -z "$SHORT" ] && return
   # pack the short runs' shared 2M-token budget once, before six processes race for the same datasets cache file
   python3 -c "from linzoo import load_teacher; from linzoo.data import load_text_dataset, pack_dataset
