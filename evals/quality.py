@@ -5,6 +5,9 @@ scored as lm-eval-harness does, plus held-out perplexity and KL(teacher || stude
 
 Recovery per task = student score / teacher score x 100, where the score is acc_norm for the tasks
 that have it (arc_easy, arc_challenge, piqa) and acc otherwise; "average" is the mean over tasks.
+Each task also reports `chance`, the expected score of a uniform random guess (1 / number of choices,
+averaged over its documents; 0 for LAMBADA), and `chance_recovery` is the recovery such a guesser gets
+(about 65 % against SmolLM2-135M): a student near it has learnt nothing the tasks can see.
 """
 
 from __future__ import annotations
@@ -66,7 +69,20 @@ def load_task_docs(task: str, data_dir: str | None = None, limit: int | None = N
 
         path, config, split = HUB[task]
         docs = [_from_hub_row(task, row) for row in load_dataset(path, config, split=split)]
+    if not docs[:limit]:
+        where = f"{Path(data_dir) / f'{task}.jsonl'}" if data_dir is not None else f"the Hub dataset {HUB[task][0]}"
+        raise ValueError(f"{task}: no documents in {where}{f' (limit {limit})' if limit is not None else ''}: "
+                         "check the file, or leave the task out with --tasks")
     return docs[:limit]
+
+
+def chance_score(task: str, docs: list[dict]) -> float:
+    """The expected accuracy of a uniform random choice (the same for acc and acc_norm): the mean over docs
+    of 1 / number of choices; 0 for lambada_openai, whose answer is generated, not chosen."""
+    if task == "lambada_openai":
+        return 0.0
+    key = "context_options" if task == "winogrande" else "choices"
+    return sum(1 / len(doc[key]) for doc in docs) / len(docs)
 
 
 def task_requests(task: str, doc: dict) -> list[tuple[str, str]]:
@@ -129,7 +145,7 @@ def loglikelihoods(model, tokenizer, requests: list[tuple[str, str]], batch_size
 
 
 def score_task(model, tokenizer, task: str, docs: list[dict], batch_size: int = 8) -> dict:
-    """{"acc", "acc_norm" (arc/piqa only), "n"}. acc_norm divides each choice's log-likelihood by the
+    """{"acc", "acc_norm" (arc/piqa only), "n", "chance"}. acc_norm divides each choice's log-likelihood by the
     choice's length in characters (lm-eval's completion_len, delimiter excluded)."""
     per_doc = [task_requests(task, doc) for doc in docs]
     flat = loglikelihoods(model, tokenizer, [r for reqs in per_doc for r in reqs], batch_size, desc=task)
@@ -145,15 +161,17 @@ def score_task(model, tokenizer, task: str, docs: list[dict], batch_size: int = 
             normed = [ll / len(choice) for ll, choice in zip(lls, doc["choices"])]
             acc_norm += max(range(len(normed)), key=normed.__getitem__) == doc["gold"]
     n = len(docs)
-    return {"acc": acc / n, **({"acc_norm": acc_norm / n} if task in NORMED else {}), "n": n}
+    return {"acc": acc / n, **({"acc_norm": acc_norm / n} if task in NORMED else {}), "n": n,
+            "chance": chance_score(task, docs)}
 
 
 @torch.inference_mode()
 def heldout_metrics(model, tokenizer, texts: list[str], max_tokens: int = 16384, teacher=None,
-                    block_size: int = 1024, batch_size: int = 4) -> dict:
+                    block_size: int = 1024, batch_size: int = 4, token_chunk: int = 2048) -> dict:
     """Perplexity over the first `max_tokens` predicted tokens of `texts` (documents joined by EOS, cut
     into blocks), and with a teacher its perplexity and the mean per-token KL(teacher || student) on
-    the same token ids (the student's tokenizer serves both, so the vocabularies must match)."""
+    the same token ids (the student's tokenizer serves both, so the vocabularies must match). Log-probs are
+    taken `token_chunk` tokens at a time: memory stays ~4 x token_chunk x vocab floats whatever the batch."""
     stream: list[int] = []
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     for text in texts:
@@ -178,16 +196,19 @@ def heldout_metrics(model, tokenizer, texts: list[str], max_tokens: int = 16384,
         mask = torch.tensor([[1] * len(b) + [0] * (width - len(b)) for b in chunk])
         valid = mask[:, 1:].bool()
         targets = ids[:, 1:][valid].to(device)
-        logp = {}
+        logits = {}
         for role, lm in (("student", model), ("teacher", teacher)):
-            if lm is None:
-                continue
-            dev = model_device(lm)
-            logits = lm(input_ids=ids.to(dev), attention_mask=mask.to(dev)).logits[:, :-1]
-            logp[role] = torch.log_softmax(logits[valid.to(dev)].float(), dim=-1).to(device)
-            nll[role] -= logp[role].gather(-1, targets[:, None]).sum().item()
-        if teacher is not None:
-            kl += (logp["teacher"].exp() * (logp["teacher"] - logp["student"])).sum().item()
+            if lm is not None:
+                dev = model_device(lm)
+                logits[role] = lm(input_ids=ids.to(dev), attention_mask=mask.to(dev)).logits[:, :-1][valid.to(dev)]
+        for at in range(0, targets.numel(), token_chunk):  # fp32 log-probs of a slice of tokens at a time
+            target = targets[at:at + token_chunk, None]
+            logp = {role: torch.log_softmax(x[at:at + token_chunk].float(), dim=-1).to(device)
+                    for role, x in logits.items()}
+            for role, lp in logp.items():
+                nll[role] -= lp.gather(-1, target).sum().item()
+            if teacher is not None:
+                kl += (logp["teacher"].exp() * (logp["teacher"] - logp["student"])).sum().item()
         count += int(targets.numel())
     return {"perplexity": math.exp(nll["student"] / count),
             "teacher_perplexity": math.exp(nll["teacher"] / count) if teacher is not None else None,
@@ -234,7 +255,7 @@ def evaluate_quality(model, tokenizer, tasks=TASKS, data_dir: str | None = None,
     docs = {task: load_task_docs(task, data_dir, limit) for task in tasks}
     scores = {task: score_task(model, tokenizer, task, docs[task], batch_size) for task in tasks}
     metric = {task: "acc_norm" if task in NORMED else "acc" for task in tasks}
-    teacher_scores = recovery = None
+    teacher_scores = recovery = chance_recovery = None
     if teacher_results is not None:
         teacher_scores = reuse_teacher_scores(teacher_results, tasks, docs, limit)
         teacher_name = teacher_name or teacher_results.get("model")
@@ -244,8 +265,11 @@ def evaluate_quality(model, tokenizer, tasks=TASKS, data_dir: str | None = None,
     if teacher_scores is not None:
         recovery = {task: scores[task][metric[task]] / teacher_scores[task][metric[task]] * 100
                     if teacher_scores[task][metric[task]] else None for task in tasks}
-        defined = [r for r in recovery.values() if r is not None]
-        recovery["average"] = sum(defined) / len(defined) if defined else None
+        chance_recovery = {task: scores[task]["chance"] / teacher_scores[task][metric[task]] * 100
+                           if teacher_scores[task][metric[task]] else None for task in tasks}
+        for table in (recovery, chance_recovery):
+            defined = [r for r in table.values() if r is not None]
+            table["average"] = sum(defined) / len(defined) if defined else None
     return {
         "schema": SCHEMA,
         "model": model_name or name_of(model),
@@ -255,6 +279,7 @@ def evaluate_quality(model, tokenizer, tasks=TASKS, data_dir: str | None = None,
         "teacher_tasks": teacher_scores,
         "recovery": recovery,
         "recovery_metric": metric,
+        "chance_recovery": chance_recovery,
         **held,
     }
 
@@ -280,6 +305,10 @@ def save_quality(results: dict, out_dir: str | os.PathLike) -> tuple[Path, Path]
     for k, (label, scores) in enumerate(bars):
         xs = [i + (k - (len(bars) - 1) / 2) * width for i in range(len(tasks))]
         ax.bar(xs, [scores[t][metric[t]] for t in tasks], width, label=label)
+    chance = [results["tasks"][t].get("chance") for t in tasks]  # absent in results made before it was added
+    if all(c is not None for c in chance):
+        ax.hlines(chance, [i - 0.45 for i in range(len(tasks))], [i + 0.45 for i in range(len(tasks))],
+                  colors="black", linestyles="dashed", linewidth=1, label="chance (uniform guess)")
     for i, task in enumerate(tasks):
         if results["recovery"] and results["recovery"][task] is not None:
             top = max(scores[task][metric[task]] for _, scores in bars)
@@ -290,6 +319,8 @@ def save_quality(results: dict, out_dir: str | os.PathLike) -> tuple[Path, Path]
     title = f"{results['model']}"
     if results["recovery"] and results["recovery"]["average"] is not None:
         title += f" - recovery {results['recovery']['average']:.1f}% of {results['teacher']}"
+        if (results.get("chance_recovery") or {}).get("average") is not None:
+            title += f" (chance: {results['chance_recovery']['average']:.1f}%)"
     if results["perplexity"] is not None:
         title += f"\nheld-out perplexity {results['perplexity']:.2f}"
     ax.set_title(title, fontsize=10)
@@ -329,7 +360,9 @@ def main(argv: list[str] | None = None) -> dict:
                                teacher_results)
     json_path, _ = save_quality(results, args.out)
     summary = {t: round(s[results["recovery_metric"][t]], 4) for t, s in results["tasks"].items()}
-    print(f"{args.model}: {summary} recovery={results['recovery'] and results['recovery']['average']} -> {json_path}")
+    chance = results["chance_recovery"] and results["chance_recovery"]["average"]
+    print(f"{args.model}: {summary} recovery={results['recovery'] and results['recovery']['average']} "
+          f"(a uniform guess: {chance}) -> {json_path}")
     return results
 
 

@@ -128,15 +128,16 @@ def default_base_model(info: dict) -> str | None:
 
 
 def _quality_rows(q: dict | None) -> list[list[str]]:
+    """task, metric, this model, teacher, chance (a uniform guess's score), recovery."""
     if q is None:
-        return [[task, "acc_norm" if task in quality.NORMED else "acc", NOT_MEASURED, NOT_MEASURED, NOT_MEASURED]
-                for task in quality.TASKS]
+        return [[task, "acc_norm" if task in quality.NORMED else "acc", *[NOT_MEASURED] * 4] for task in quality.TASKS]
     rows = []
     for task, scores in q["tasks"].items():
         metric = q["recovery_metric"][task]
         teacher = (q["teacher_tasks"] or {}).get(task, {}).get(metric)
         recovery = measured((q["recovery"] or {}).get(task), "{:.1f}%")
-        rows.append([task, metric, measured(scores[metric]), measured(teacher), recovery])
+        rows.append([task, metric, measured(scores[metric]), measured(teacher), measured(scores.get("chance")),
+                     recovery])
     return rows
 
 
@@ -225,6 +226,7 @@ def build_card(folder, repo_id: str | None = None, base_model: str | None = None
         quality=q,
         quality_rows=_quality_rows(q),
         average_recovery=measured((q["recovery"] or {}).get("average") if q else None, "{:.1f}%"),
+        chance_recovery=measured(((q or {}).get("chance_recovery") or {}).get("average"), "{:.1f}%"),
         perplexity=measured(q and q.get("perplexity"), "{:.2f}"),
         kl=measured(q and q.get("kl_to_teacher"), "{:.4f}"),
         niah=n,

@@ -9,6 +9,7 @@ ms/token (ours: plain cached forward, and the same step replayed as a CUDA graph
 
 import argparse
 import json
+import time
 
 import torch
 
@@ -17,6 +18,14 @@ from linzoo.graphs import GraphedDecoder
 from linzoo.loading import load_teacher
 
 SHAPE = dict(hidden_size=576, num_hidden_layers=30, intermediate_size=1536, vocab_size=49152, tie_word_embeddings=True)
+
+
+START = time.perf_counter()
+
+
+def stamp(what: str) -> None:
+    """Progress with the seconds since start, so a run cut by its time limit shows where the time went."""
+    print(f"[{time.perf_counter() - START:6.1f} s] {what}", flush=True)
 
 
 def fla_peer(mixer):
@@ -106,24 +115,30 @@ def main():
     prompt = ids[:1, :32]
     res = {"card": torch.cuda.get_device_name(), "torch": torch.__version__, "batch": args.batch,
            "seq_len": args.seq_len, "dtype": "bfloat16", "rows": {}}
+    stamp("teacher: fwd+bwd")
     tps, mem = time_train(teacher, ids, args.iters)
     res["rows"]["teacher"] = {"params_m": params_m(teacher), "train_tok_s": tps, "train_peak_gib": mem,
                               "decode_ms_per_token": time_generate(teacher, prompt, args.new_tokens)}
     print("teacher", json.dumps(res["rows"]["teacher"]), flush=True)
     for mixer in args.mixers.split(","):
+        stamp(f"{mixer}: ours, fwd+bwd (first call compiles and autotunes the kernels)")
         ours = linzoo.linearize(teacher, mixer).to(dev, torch.bfloat16)
         row = {"params_m": params_m(ours)}  # the peers have fla's defaults (e.g. output gates): sizes differ
         ours.config.kernel_backend = "fast"
         row["train_tok_s"], row["train_peak_gib"] = time_train(ours, ids, args.iters)
+        stamp(f"{mixer}: ours, generate()")
         row["decode_ms_per_token"] = time_generate(ours, prompt, args.new_tokens)
+        stamp(f"{mixer}: ours, CUDA-graph decoding")
         row["decode_graph_ms_per_token"], row["graph_tokens_equal_generate"] = time_graph_decode(
             ours, prompt, args.new_tokens)
         del ours
         peer = None if args.skip_peers else fla_peer(mixer)
         if peer is not None:
+            stamp(f"{mixer}: fla's peer, fwd+bwd")
             peer = peer.to(dev, torch.bfloat16)
             row["peer_params_m"] = params_m(peer)
             row["peer_train_tok_s"], row["peer_train_peak_gib"] = time_train(peer, ids, args.iters)
+            stamp(f"{mixer}: fla's peer, generate()")
             row["peer_decode_ms_per_token"] = time_generate(peer, prompt, args.new_tokens)
             row["train_ratio"] = row["train_tok_s"] / row["peer_train_tok_s"]
             row["decode_graph_speedup_vs_peer"] = row["peer_decode_ms_per_token"] / row["decode_graph_ms_per_token"]

@@ -14,7 +14,7 @@
 # later phase needs (students, Triton cache) stays in /tmp on the warm machine. Results go to $OUT.
 # LONG (default gated_deltanet; empty for none) and SHORT (six mixers; empty for none) pick the runs.
 # CPU dry run of the plumbing: TRAIN_TOKENS, SHORT_TOKENS, TRAIN_ARGS, EVAL_ARGS, NIAH_ARGS shrink the jobs;
-# PARITY_ARGS (e.g. "--mixers xlstm") narrows the parity check.
+# PARITY_ARGS (e.g. "--mixers xlstm") narrows the parity check; EVAL_JOBS (default 7) caps concurrent eval jobs.
 set -uo pipefail
 [ $# -gt 0 ] || { echo "usage: device_jobs.sh start|wait|parity|eval|bench|profile ..."; exit 2; }
 R=$PWD
@@ -116,7 +116,15 @@ eval)  # teacher + every finished student: full five tasks (recovery, KL) and NI
       "$@" >"/tmp/eval/$name-$kind.log" 2>&1 && touch "/tmp/eval/$name-$kind.ok"
     echo "$name $kind: exit $?"; tail -1 "/tmp/eval/$name-$kind.log"
   }
+  throttle() {  # at most EVAL_JOBS eval processes on the GPU at once (14 at once ran it out of memory)
+    local n
+    while :; do
+      n=0; for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && n=$((n + 1)); done
+      [ "$n" -lt "${EVAL_JOBS:-7}" ] && return; sleep 2
+    done
+  }
   for pair in $models; do
+    throttle
     eval_job "${pair%%=*}" niah "${pair#*=}" --lengths 256,512,1024,2048,4096,8192 --batch_size 8 ${NIAH_ARGS:-} &
     pids+=($!)
   done
@@ -126,6 +134,7 @@ eval)  # teacher + every finished student: full five tasks (recovery, KL) and NI
   for pair in $models; do
     name=${pair%%=*}
     [ "$name" = teacher ] && continue
+    throttle
     eval_job "$name" quality "${pair#*=}" --teacher embedded "${reuse[@]}" "${qflags[@]}" ${EVAL_ARGS:-} &
     pids+=($!)
   done

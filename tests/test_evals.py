@@ -24,7 +24,7 @@ FILLER = [f"The {a} {v} the {b} before the {c} was quiet again." for a in NOUNS 
 NIAH_KEYS = {"schema", "model", "needle", "prompt_format", "lengths", "depths", "samples_per_cell", "accuracy",
              "mean_by_length", "overall", "seed", "examples"}
 QUALITY_KEYS = {"schema", "model", "teacher", "limit", "tasks", "teacher_tasks", "recovery", "recovery_metric",
-                "perplexity", "teacher_perplexity", "kl_to_teacher", "heldout_tokens"}
+                "chance_recovery", "perplexity", "teacher_perplexity", "kl_to_teacher", "heldout_tokens"}
 
 
 def word_tokenizer(text: str) -> PreTrainedTokenizerFast:
@@ -108,7 +108,7 @@ def test_length_normalisation_flips_the_decision():
     doc = {"query": "Question: pick", "choices": ["a", "elephant"], "gold": 1}
     (ll_a, _), (ll_e, _) = quality.loglikelihoods(model, model.tok, quality.task_requests("arc_easy", doc))
     assert ll_a > ll_e and ll_e / len("elephant") > ll_a / len("a")
-    assert quality.score_task(model, model.tok, "arc_easy", [doc]) == {"acc": 0.0, "acc_norm": 1.0, "n": 1}
+    assert quality.score_task(model, model.tok, "arc_easy", [doc]) == {"acc": 0.0, "acc_norm": 1.0, "n": 1, "chance": 0.5}
 
 
 def test_requests_follow_lm_eval_formats():
@@ -149,7 +149,7 @@ def test_lambada_is_greedy_exact_match():
             {"context": "I do not care about", "continuation": "dogs"},  # not the argmax
             {"context": "I do not care about", "continuation": "signs today"}]  # 2nd token not greedy
     assert [quality.score_task(model, model.tok, "lambada_openai", [d])["acc"] for d in docs] == [1.0, 0.0, 0.0]
-    assert quality.score_task(model, model.tok, "lambada_openai", docs, batch_size=2) == {"acc": 1 / 3, "n": 3}
+    assert quality.score_task(model, model.tok, "lambada_openai", docs, batch_size=2) == {"acc": 1 / 3, "n": 3, "chance": 0.0}
 
 
 def test_left_truncation_keeps_the_continuation():
@@ -166,7 +166,11 @@ def test_heldout_perplexity_and_kl():
     same = quality.heldout_metrics(student, tok, FILLER, 300, teacher=student, block_size=64)
     assert same["heldout_tokens"] == 300 and same["kl_to_teacher"] == pytest.approx(0.0, abs=1e-5)
     assert same["perplexity"] == pytest.approx(same["teacher_perplexity"])
-    assert quality.heldout_metrics(student, tok, FILLER, 300, teacher=uniform)["kl_to_teacher"] > 0
+    apart = quality.heldout_metrics(student, tok, FILLER, 300, teacher=uniform)
+    assert apart["kl_to_teacher"] > 0
+    # log-probs a few tokens at a time (bounded memory) give the same numbers as all at once
+    sliced = quality.heldout_metrics(student, tok, FILLER, 300, teacher=uniform, token_chunk=7)
+    assert sliced == pytest.approx(apart, rel=1e-5) and sliced["heldout_tokens"] == 300
     with pytest.raises(ValueError, match="vocabulary"):
         quality.heldout_metrics(student, tok, FILLER, 100, teacher=BigramLM(tok, vocab_size=len(tok) + 7))
 
@@ -186,10 +190,13 @@ def test_recovery_uses_acc_norm_where_defined_and_schema(tmp_path):
                                        teacher_name="t")
     assert set(results) == QUALITY_KEYS and results["schema"] == "linzoo.quality/v1"
     assert results["recovery_metric"] == {"arc_easy": "acc_norm", "winogrande": "acc"}
-    assert results["tasks"]["arc_easy"] == {"acc": 0.0, "acc_norm": 0.0, "n": 1}
-    assert results["teacher_tasks"]["arc_easy"] == {"acc": 0.0, "acc_norm": 1.0, "n": 1}
-    assert results["tasks"]["winogrande"] == {"acc": 0.5, "n": 2} and results["teacher_tasks"]["winogrande"]["acc"] == 1
+    assert results["tasks"]["arc_easy"] == {"acc": 0.0, "acc_norm": 0.0, "n": 1, "chance": 0.5}
+    assert results["teacher_tasks"]["arc_easy"] == {"acc": 0.0, "acc_norm": 1.0, "n": 1, "chance": 0.5}
+    assert results["tasks"]["winogrande"] == {"acc": 0.5, "n": 2, "chance": 0.5}
+    assert results["teacher_tasks"]["winogrande"]["acc"] == 1
     assert results["recovery"] == {"arc_easy": 0.0, "winogrande": 50.0, "average": 25.0}
+    # a uniform guess: 0.5 on both, against the teacher's 1.0 and 1.0
+    assert results["chance_recovery"] == {"arc_easy": 50.0, "winogrande": 50.0, "average": 50.0}
     assert results["heldout_tokens"] == 4 and results["kl_to_teacher"] > 0
     json_path, png_path = quality.save_quality(results, tmp_path / "out")
     assert json.loads(json_path.read_text()) == results and png_path.read_bytes()[:4] == b"\x89PNG"
@@ -207,6 +214,9 @@ def test_recovery_uses_acc_norm_where_defined_and_schema(tmp_path):
         quality.evaluate_quality(student, tok, "arc_easy", str(data), None, 4, heldout_tokens=0, teacher_results=results)
     with pytest.raises(ValueError, match="other documents"):  # 1 winogrande doc here, 2 in the teacher's results
         quality.evaluate_quality(student, tok, "winogrande", str(data), 1, 4, heldout_tokens=0, teacher_results=alone)
+    (data / "arc_challenge.jsonl").write_text("\n")
+    with pytest.raises(ValueError, match="arc_challenge: no documents in .*arc_challenge.jsonl"):
+        quality.evaluate_quality(student, tok, "arc_challenge", str(data), None, 4, heldout_tokens=0)
 
 
 @pytest.mark.skipif(not EVAL_DATA.is_dir(), reason="shared eval data missing")
@@ -219,9 +229,13 @@ def test_real_tasks_end_to_end_with_tiny_llama(tmp_path):
                                        heldout=FILLER, heldout_tokens=256)
     assert set(results) == QUALITY_KEYS and results["limit"] == 20
     for task, scores in results["tasks"].items():
-        assert set(scores) == ({"acc", "acc_norm", "n"} if task in quality.NORMED else {"acc", "n"})
+        assert set(scores) == ({"acc", "acc_norm", "n", "chance"} if task in quality.NORMED else {"acc", "n", "chance"})
         assert scores["n"] == 20 and 0 <= scores["acc"] <= 1
-    assert set(results["recovery"]) == {*quality.TASKS, "average"}
+    # chance: 0 for LAMBADA (generated), 1/2 for the two-way tasks, 1/3..1/5 for ARC (3-5 choices per question)
+    chance = {t: s["chance"] for t, s in results["tasks"].items()}
+    assert chance["lambada_openai"] == 0 and chance["winogrande"] == chance["piqa"] == 0.5
+    assert all(0.2 <= chance[t] <= 1 / 3 for t in ("arc_easy", "arc_challenge"))
+    assert set(results["recovery"]) == set(results["chance_recovery"]) == {*quality.TASKS, "average"}
     assert results["perplexity"] > 1 and results["heldout_tokens"] == 256
     assert all(p.stat().st_size > 0 for p in quality.save_quality(results, tmp_path))
 

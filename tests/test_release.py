@@ -27,10 +27,10 @@ FAKE_TOKEN = "hf_NotARealTokenButLooksLikeOne1234567"
 # Fake but schema-valid results, written with the evals' own writers.
 QUALITY = {
     "schema": quality.SCHEMA, "model": REPO, "teacher": "embedded", "limit": 200,
-    "tasks": {"lambada_openai": {"acc": 0.305, "n": 200}, "winogrande": {"acc": 0.52, "n": 200},
-              "arc_easy": {"acc": 0.455, "acc_norm": 0.41, "n": 200},
-              "arc_challenge": {"acc": 0.225, "acc_norm": 0.255, "n": 200},
-              "piqa": {"acc": 0.615, "acc_norm": 0.6, "n": 200}},
+    "tasks": {"lambada_openai": {"acc": 0.305, "n": 200, "chance": 0.0}, "winogrande": {"acc": 0.52, "n": 200, "chance": 0.5},
+              "arc_easy": {"acc": 0.455, "acc_norm": 0.41, "n": 200, "chance": 0.25},
+              "arc_challenge": {"acc": 0.225, "acc_norm": 0.255, "n": 200, "chance": 0.25},
+              "piqa": {"acc": 0.615, "acc_norm": 0.6, "n": 200, "chance": 0.5}},
     "teacher_tasks": {"lambada_openai": {"acc": 0.4, "n": 200}, "winogrande": {"acc": 0.53, "n": 200},
                       "arc_easy": {"acc": 0.5, "acc_norm": 0.45, "n": 200},
                       "arc_challenge": {"acc": 0.25, "acc_norm": 0.3, "n": 200},
@@ -38,6 +38,8 @@ QUALITY = {
     "recovery": {"lambada_openai": 76.25, "winogrande": 98.11320754716981, "arc_easy": 91.11111111111111,
                  "arc_challenge": 85.0, "piqa": 93.75, "average": 88.84486373165619},
     "recovery_metric": {t: "acc_norm" if t in quality.NORMED else "acc" for t in quality.TASKS},
+    "chance_recovery": {"lambada_openai": 0.0, "winogrande": 94.33962264150944, "arc_easy": 55.55555555555556,
+                        "arc_challenge": 83.33333333333334, "piqa": 78.125, "average": 62.27070230607967},
     "perplexity": 23.456789, "teacher_perplexity": 18.25, "kl_to_teacher": 0.3125, "heldout_tokens": 4096,
 }
 NIAH = {
@@ -103,7 +105,8 @@ def test_card_round_trips_through_modelcard_load(student):
     text = loaded.text
     assert card.MIXERS["gated_deltanet"][1] in text
     assert "**base (this model)**" in text and f"{TEACHER} → **base" in text
-    assert "| arc_challenge | acc_norm | 0.255 | 0.300 | 85.0% |" in text
+    assert "| arc_challenge | acc_norm | 0.255 | 0.300 | 0.250 | 85.0% |" in text
+    assert "such a guess would\nrecover 62.3% of the teacher" in text
     assert "**88.8%**" in text and "0.667" in text
     assert "![NIAH accuracy by context length and needle depth](eval/niah_heatmap.png)" in text
     assert f'repo = "{REPO}"' in text and "trust_remote_code=True" in text and 'pip install "linzoo[gpu]"' in text
@@ -123,14 +126,14 @@ def test_missing_results_read_not_measured(tiny_student_dir, tmp_path):
     bare = card.build_card(folder)
     assert not bare.data.eval_results
     results = bare.text.split("## Results")[1].split("## Usage")[0]
-    assert results.count("not measured") == 5 * 3 + 1 + 2 + 1  # task rows, average, ppl + KL, NIAH
+    assert results.count("not measured") == 5 * 4 + 1 + 1 + 2 + 1  # task rows, average, chance's, ppl + KL, NIAH
     assert not re.search(r"\d\.\d", results)  # no number filled in anywhere
 
     niah.save_niah(NIAH, folder / "eval")  # NIAH measured, quality not
     build = card.build_card(folder)
     assert set(card_numbers(build)) == {k for k in EXPECTED_NUMBERS if k[0].startswith("needle")}
     table = build.text.split("| task | metric |")[1].split("**average**")[0]
-    assert table.count("not measured") == 15 and "0.667" in build.text
+    assert table.count("not measured") == 20 and "0.667" in build.text
 
 
 def test_lineage_recipe_and_tokens_from_the_training_record(tiny_student_dir, tmp_path):
