@@ -308,7 +308,7 @@ def save_quality(results: dict, out_dir: str | os.PathLike) -> tuple[Path, Path]
     chance = [results["tasks"][t].get("chance") for t in tasks]  # absent in results made before it was added
     if all(c is not None for c in chance):
         ax.hlines(chance, [i - 0.45 for i in range(len(tasks))], [i + 0.45 for i in range(len(tasks))],
-                  colors="black", linestyles="dashed", linewidth=1, label="chance (uniform guess)")
+                  colors="black", linestyles="dashed", linewidth=1, zorder=3, label="chance (uniform guess)")
     for i, task in enumerate(tasks):
         if results["recovery"] and results["recovery"][task] is not None:
             top = max(scores[task][metric[task]] for _, scores in bars)

@@ -216,7 +216,9 @@ def results_view(paths: list[Path] | None = None) -> tuple[str, list[tuple[str, 
             rec = data.get("recovery") or {}
             recovery.append([data["model"], data.get("teacher") or NOT_MEASURED,
                              *(measured(rec.get(task), "{:.1f}%") for task in quality.TASKS),
-                             measured(rec.get("average"), "{:.1f}%"), measured(data.get("perplexity"), "{:.2f}")])
+                             measured(rec.get("average"), "{:.1f}%"),
+                             measured((data.get("chance_recovery") or {}).get("average"), "{:.1f}%"),
+                             measured(data.get("perplexity"), "{:.2f}")])
     if not (niah_rows or recovery):
         return "no results yet", [], [], []
     return f"{len(niah_rows)} NIAH and {len(recovery)} quality results files.", gallery, recovery, niah_rows
@@ -225,7 +227,7 @@ def results_view(paths: list[Path] | None = None) -> tuple[str, list[tuple[str, 
 def recovery_headers() -> list[str]:
     from linzoo.evals import quality
 
-    return ["model", "teacher", *quality.TASKS, "average", "perplexity"]
+    return ["model", "teacher", *quality.TASKS, "average", "a uniform guess's average", "perplexity"]
 
 
 def load_app(path: Path = APP):
