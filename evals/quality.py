@@ -12,6 +12,7 @@ averaged over its documents; 0 for LAMBADA), and `chance_recovery` is the recove
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -216,9 +217,16 @@ def heldout_metrics(model, tokenizer, texts: list[str], max_tokens: int = 16384,
             "heldout_tokens": count}
 
 
+def docs_fingerprint(docs: list[dict]) -> str:
+    """sha256 of a task's documents (as loaded, in order): two results files with the same fingerprint were
+    scored on the same documents."""
+    return hashlib.sha256(json.dumps(docs, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
 def reuse_teacher_scores(teacher_results: dict, tasks: list[str], docs: dict, limit: int | None) -> dict:
     """The task scores of an earlier `quality.json` of the teacher, checked to cover the same tasks and
-    document counts, so several students are compared without re-scoring the teacher for each."""
+    documents (their fingerprints; counts only, for files written before fingerprints were recorded), so
+    several students are compared without re-scoring the teacher for each."""
     if teacher_results.get("schema") != SCHEMA:
         raise ValueError(f"teacher results must be a {SCHEMA} quality.json, got schema {teacher_results.get('schema')!r}")
     if teacher_results.get("teacher") is not None:
@@ -234,6 +242,11 @@ def reuse_teacher_scores(teacher_results: dict, tasks: list[str], docs: dict, li
             f"the teacher results were scored on other documents (n {[have[t]['n'] for t in tasks]}, limit "
             f"{teacher_results.get('limit')}) than this run (n {[len(docs[t]) for t in tasks]}, limit {limit}): "
             "use the same --data_dir and --limit for both")
+    prints = teacher_results.get("docs_sha256") or {}
+    differ = [t for t in tasks if t in prints and prints[t] != docs_fingerprint(docs[t])]
+    if differ:
+        raise ValueError(f"the teacher results were scored on other documents for {differ} (same counts, different "
+                         "contents): use the same --data_dir and --limit for both")
     return {t: have[t] for t in tasks}
 
 
@@ -280,6 +293,7 @@ def evaluate_quality(model, tokenizer, tasks=TASKS, data_dir: str | None = None,
         "recovery": recovery,
         "recovery_metric": metric,
         "chance_recovery": chance_recovery,
+        "docs_sha256": {task: docs_fingerprint(docs[task]) for task in tasks},
         **held,
     }
 

@@ -24,7 +24,7 @@ FILLER = [f"The {a} {v} the {b} before the {c} was quiet again." for a in NOUNS 
 NIAH_KEYS = {"schema", "model", "needle", "prompt_format", "lengths", "depths", "samples_per_cell", "accuracy",
              "mean_by_length", "overall", "seed", "examples"}
 QUALITY_KEYS = {"schema", "model", "teacher", "limit", "tasks", "teacher_tasks", "recovery", "recovery_metric",
-                "chance_recovery", "perplexity", "teacher_perplexity", "kl_to_teacher", "heldout_tokens"}
+                "chance_recovery", "docs_sha256", "perplexity", "teacher_perplexity", "kl_to_teacher", "heldout_tokens"}
 
 
 def word_tokenizer(text: str) -> PreTrainedTokenizerFast:
@@ -214,6 +214,12 @@ def test_recovery_uses_acc_norm_where_defined_and_schema(tmp_path):
         quality.evaluate_quality(student, tok, "arc_easy", str(data), None, 4, heldout_tokens=0, teacher_results=results)
     with pytest.raises(ValueError, match="other documents"):  # 1 winogrande doc here, 2 in the teacher's results
         quality.evaluate_quality(student, tok, "winogrande", str(data), 1, 4, heldout_tokens=0, teacher_results=alone)
+    # same counts, other contents: caught by the documents' fingerprints
+    (data / "winogrande.jsonl").write_text("\n".join(
+        json.dumps({"context_options": [f"Sarah so {x}", f"Sarah so {y}"], "continuation": "won.", "gold": gold})
+        for x, y, gold in [("C", "B", 0), ("C", "Q", 0)]))
+    with pytest.raises(ValueError, match="different contents"):
+        quality.evaluate_quality(student, tok, "winogrande", str(data), None, 4, heldout_tokens=0, teacher_results=alone)
     (data / "arc_challenge.jsonl").write_text("\n")
     with pytest.raises(ValueError, match="arc_challenge: no documents in .*arc_challenge.jsonl"):
         quality.evaluate_quality(student, tok, "arc_challenge", str(data), None, 4, heldout_tokens=0)
