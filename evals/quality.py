@@ -171,8 +171,9 @@ def heldout_metrics(model, tokenizer, texts: list[str], max_tokens: int = 16384,
                     block_size: int = 1024, batch_size: int = 4, token_chunk: int = 2048) -> dict:
     """Perplexity over the first `max_tokens` predicted tokens of `texts` (documents joined by EOS, cut
     into blocks), and with a teacher its perplexity and the mean per-token KL(teacher || student) on
-    the same token ids (the student's tokenizer serves both, so the vocabularies must match). Log-probs are
-    taken `token_chunk` tokens at a time: memory stays ~4 x token_chunk x vocab floats whatever the batch."""
+    the same token ids (the student's tokenizer serves both, so the vocabularies must match). Memory: each
+    model's logits for `batch_size` blocks (batch x block x vocab, in the model's dtype), then fp32 log-probs
+    `token_chunk` tokens at a time (~4 x token_chunk x vocab floats)."""
     stream: list[int] = []
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     for text in texts:
@@ -264,7 +265,8 @@ def evaluate_quality(model, tokenizer, tasks=TASKS, data_dir: str | None = None,
     held = {"perplexity": None, "teacher_perplexity": None, "kl_to_teacher": None, "heldout_tokens": 0}
     if heldout_tokens > 0:  # first, so a vocabulary mismatch fails before the long task runs
         texts = load_texts("embedded" if heldout is None else heldout, split="test")
-        held = heldout_metrics(model, tokenizer, texts, heldout_tokens, teacher, batch_size=batch_size)
+        # at most 4 blocks of 1,024 tokens at once: the task batch (64 on a GPU) would hold 16 blocks' logits
+        held = heldout_metrics(model, tokenizer, texts, heldout_tokens, teacher, batch_size=min(batch_size, 4))
     docs = {task: load_task_docs(task, data_dir, limit) for task in tasks}
     scores = {task: score_task(model, tokenizer, task, docs[task], batch_size) for task in tasks}
     metric = {task: "acc_norm" if task in NORMED else "acc" for task in tasks}

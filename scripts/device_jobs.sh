@@ -14,10 +14,19 @@
 # later phase needs (students, Triton cache) stays in /tmp on the warm machine. Results go to $OUT.
 # LONG (default gated_deltanet; empty for none) and SHORT (six mixers; empty for none) pick the runs.
 # CPU dry run of the plumbing: TRAIN_TOKENS, SHORT_TOKENS, TRAIN_ARGS, EVAL_ARGS, NIAH_ARGS shrink the jobs;
-# PARITY_ARGS (e.g. "--mixers xlstm") narrows the parity check; EVAL_JOBS (default 7) caps concurrent eval jobs.
+# PARITY_ARGS (e.g. "--mixers xlstm") narrows the parity check; EVAL_JOBS (default 6) caps concurrent background eval jobs.
 set -uo pipefail
 [ $# -gt 0 ] || { echo "usage: device_jobs.sh start|wait|parity|eval|bench|profile ..."; exit 2; }
 R=$PWD
+LIMIT=${LIMIT:-540}  # seconds for this call's jobs, counted from the script's start (a device call runs <= 600 s)
+left() { echo $((LIMIT - SECONDS > 10 ? LIMIT - SECONDS : 10)); }  # what remains of LIMIT, for each timeout
+SHORT=${SHORT-linear_attn retnet gla deltanet kda xlstm}  # 2M-token runs; SHORT= (empty): none
+LONG=${LONG-gated_deltanet}  # TRAIN_TOKENS (20M) runs with the recipe's batch; LONG= (empty): none
+
+RUNS="$LONG $SHORT"
+for m in $LONG; do case " $SHORT " in *" $m "*) echo "$m is in both LONG and SHORT: name it in one"; exit 2;; esac; done
+EVAL_JOBS=${EVAL_JOBS:-6}
+case $EVAL_JOBS in ''|*[!0-9]*|0) echo "EVAL_JOBS must be a whole number >= 1, got '$EVAL_JOBS'"; exit 2;; esac
 OUT=${OUT:-/tmp/linzoo-out}
 mkdir -p "$OUT" /tmp/work /tmp/runs /tmp/eval
 
@@ -36,13 +45,6 @@ python3 -c "from linzoo.loading import resolve; print(resolve('embedded'))"  # c
 
 save_triton() { tar czf /tmp/triton.tgz -C "$TRITON_CACHE_DIR" . && [ "$(stat -c %s /tmp/triton.tgz)" -lt 16000000 ] \
   && cp /tmp/triton.tgz "$OUT/triton-cache.tgz"; }
-
-LIMIT=${LIMIT:-540}  # seconds for this call's jobs, counted from the script's start (a device call runs <= 600 s)
-left() { echo $((LIMIT - SECONDS > 10 ? LIMIT - SECONDS : 10)); }  # what remains of LIMIT, for each timeout
-SHORT=${SHORT-linear_attn retnet gla deltanet kda xlstm}  # SHORT= (empty): the Gated DeltaNet run alone
-LONG=${LONG-gated_deltanet}  # LONG= (empty): the short runs alone (the 20M-token run is not started)
-
-RUNS="$LONG $SHORT"
 
 linearize() {  # mixer tokens [extra flags...]: starts it in the background unless finished or already running
   local m=$1 tokens=$2; shift 2
@@ -116,11 +118,11 @@ eval)  # teacher + every finished student: full five tasks (recovery, KL) and NI
       "$@" >"/tmp/eval/$name-$kind.log" 2>&1 && touch "/tmp/eval/$name-$kind.ok"
     echo "$name $kind: exit $?"; tail -1 "/tmp/eval/$name-$kind.log"
   }
-  throttle() {  # at most EVAL_JOBS eval processes on the GPU at once (14 at once ran it out of memory)
+  throttle() {  # at most EVAL_JOBS background eval jobs at once (+ the teacher's quality job, in the foreground)
     local n
-    while :; do
+    while [ $((LIMIT - SECONDS)) -gt 20 ]; do  # 13 at once ran the GPU out of memory (session 6)
       n=0; for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && n=$((n + 1)); done
-      [ "$n" -lt "${EVAL_JOBS:-7}" ] && return; sleep 2
+      [ "$n" -lt "$EVAL_JOBS" ] && return; sleep 2
     done
   }
   for pair in $models; do

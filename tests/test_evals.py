@@ -159,6 +159,12 @@ def test_left_truncation_keeps_the_continuation():
     assert long == pytest.approx(short)
 
 
+def test_chance_is_the_mean_of_one_over_the_number_of_choices():
+    docs = [{"query": "Q", "choices": ["a", "b"], "gold": 0}, {"query": "Q", "choices": ["a", "b", "c", "d"], "gold": 0}]
+    assert quality.chance_score("arc_easy", docs) == pytest.approx((1 / 2 + 1 / 4) / 2)  # not 1 / mean(3)
+    assert quality.chance_score("lambada_openai", [{"context": "a", "continuation": "b"}]) == 0
+
+
 def test_heldout_perplexity_and_kl():
     tok = bpe_tokenizer(FILLER)
     uniform, student = BigramLM(tok), tiny_llama(tok)
@@ -171,6 +177,11 @@ def test_heldout_perplexity_and_kl():
     # log-probs a few tokens at a time (bounded memory) give the same numbers as all at once
     sliced = quality.heldout_metrics(student, tok, FILLER, 300, teacher=uniform, token_chunk=7)
     assert sliced == pytest.approx(apart, rel=1e-5) and sliced["heldout_tokens"] == 300
+    # blocks of 64 (the last one padded), 3 to a batch: slices cross rows and skip the padding
+    blocks = quality.heldout_metrics(student, tok, FILLER, 300, teacher=uniform, block_size=64, batch_size=3)
+    sliced = quality.heldout_metrics(student, tok, FILLER, 300, teacher=uniform, block_size=64, batch_size=3,
+                                     token_chunk=7)
+    assert sliced == pytest.approx(blocks, rel=1e-5)
     with pytest.raises(ValueError, match="vocabulary"):
         quality.heldout_metrics(student, tok, FILLER, 100, teacher=BigramLM(tok, vocab_size=len(tok) + 7))
 
@@ -205,6 +216,9 @@ def test_recovery_uses_acc_norm_where_defined_and_schema(tmp_path):
                                      model_name="t")
     reused = quality.evaluate_quality(student, tok, "arc_easy,winogrande", str(data), None, 4, heldout_tokens=0,
                                       teacher_results=alone)
+    older = {k: v for k, v in alone.items() if k != "docs_sha256"}  # a file from before fingerprints: counts only
+    assert quality.evaluate_quality(student, tok, "arc_easy,winogrande", str(data), None, 4, heldout_tokens=0,
+                                    teacher_results=older)["recovery"] == results["recovery"]
     assert reused["teacher_tasks"] == results["teacher_tasks"] and reused["recovery"] == results["recovery"]
     assert reused["teacher"] == "t" and reused["kl_to_teacher"] is None
     (data / "piqa.jsonl").write_text(json.dumps({"query": "Question: Q", "choices": ["a", "B"], "gold": 0}))
@@ -237,10 +251,10 @@ def test_real_tasks_end_to_end_with_tiny_llama(tmp_path):
     for task, scores in results["tasks"].items():
         assert set(scores) == ({"acc", "acc_norm", "n", "chance"} if task in quality.NORMED else {"acc", "n", "chance"})
         assert scores["n"] == 20 and 0 <= scores["acc"] <= 1
-    # chance: 0 for LAMBADA (generated), 1/2 for the two-way tasks, 1/3..1/5 for ARC (3-5 choices per question)
+    # chance: 0 for LAMBADA (generated), 1/2 for the two-way tasks, 1/4 for ARC (this copy: 4 choices each)
     chance = {t: s["chance"] for t, s in results["tasks"].items()}
     assert chance["lambada_openai"] == 0 and chance["winogrande"] == chance["piqa"] == 0.5
-    assert all(0.2 <= chance[t] <= 1 / 3 for t in ("arc_easy", "arc_challenge"))
+    assert chance["arc_easy"] == chance["arc_challenge"] == 0.25
     assert set(results["recovery"]) == set(results["chance_recovery"]) == {*quality.TASKS, "average"}
     assert results["perplexity"] > 1 and results["heldout_tokens"] == 256
     assert all(p.stat().st_size > 0 for p in quality.save_quality(results, tmp_path))
