@@ -19,7 +19,10 @@ q = json.load(open(f"{out}/eval/quality.json")); n = json.load(open(f"{out}/eval
 print("\n== report for", out)
 for task, r in q["tasks"].items():  # the metric that recovery uses: acc_norm for arc and piqa, acc otherwise
     m = q["recovery_metric"][task]
-    print(f"  {task:16s} {m:8s} {r[m]:.3f}  teacher {q['teacher_tasks'][task][m]:.3f}  recovery {q['recovery'][task]:.1f} %")
-print(f"  recovery average {q['recovery']['average']}  perplexity {q['perplexity']:.1f} (teacher {q['teacher_perplexity']:.1f})  KL {q['kl_to_teacher']:.3f}")
+    rec = q["recovery"][task]
+    print(f"  {task:16s} {m:8s} {r[m]:.3f}  teacher {q['teacher_tasks'][task][m]:.3f}  chance {r['chance']:.3f}  "
+          f"recovery {'n/a (teacher 0)' if rec is None else f'{rec:.1f} %'}")
+print(f"  recovery average {q['recovery']['average']:.1f} % (a uniform guess: {q['chance_recovery']['average']:.1f} %)"
+      f"  perplexity {q['perplexity']:.1f} (teacher {q['teacher_perplexity']:.1f})  KL {q['kl_to_teacher']:.3f}")
 print(f"  NIAH passkey accuracy by length {n['mean_by_length']}  overall {n['overall']}")
 PY
