@@ -77,15 +77,6 @@ def load_task_docs(task: str, data_dir: str | None = None, limit: int | None = N
     return docs[:limit]
 
 
-def chance_score(task: str, docs: list[dict]) -> float:
-    """The expected accuracy of a uniform random choice (the same for acc and acc_norm): the mean over docs
-    of 1 / number of choices; 0 for lambada_openai, whose answer is generated, not chosen."""
-    if task == "lambada_openai":
-        return 0.0
-    key = "context_options" if task == "winogrande" else "choices"
-    return sum(1 / len(doc[key]) for doc in docs) / len(docs)
-
-
 def task_requests(task: str, doc: dict) -> list[tuple[str, str]]:
     """(context, continuation) pairs, one per choice, as lm-eval builds them (target_delimiter " ")."""
     _check_task(task)
@@ -95,6 +86,14 @@ def task_requests(task: str, doc: dict) -> list[tuple[str, str]]:
         return [(option, " " + doc["continuation"].strip()) for option in doc["context_options"]]
     context = doc["query"].rstrip() + "\nAnswer:"  # lm-eval's "Question: ...\nAnswer:"
     return [(context, " " + choice) for choice in doc["choices"]]
+
+
+def chance_score(task: str, docs: list[dict]) -> float:
+    """The expected accuracy of a uniform random choice (the same for acc and acc_norm): the mean over docs
+    of 1 / number of choices (one request per choice); 0 for lambada_openai, whose answer is generated."""
+    if task == "lambada_openai":
+        return 0.0
+    return sum(1 / len(task_requests(task, doc)) for doc in docs) / len(docs)
 
 
 def max_length(model, tokenizer) -> int:
@@ -278,13 +277,14 @@ def evaluate_quality(model, tokenizer, tasks=TASKS, data_dir: str | None = None,
         teacher_tokenizer = teacher_tokenizer or tokenizer
         teacher_scores = {task: score_task(teacher, teacher_tokenizer, task, docs[task], batch_size) for task in tasks}
     if teacher_scores is not None:
-        recovery = {task: scores[task][metric[task]] / teacher_scores[task][metric[task]] * 100
-                    if teacher_scores[task][metric[task]] else None for task in tasks}
-        chance_recovery = {task: scores[task]["chance"] / teacher_scores[task][metric[task]] * 100
-                           if teacher_scores[task][metric[task]] else None for task in tasks}
-        for table in (recovery, chance_recovery):
+        def percent_of_teacher(key) -> dict:  # key(task) -> the score to compare; tasks the teacher scored 0: None
+            table = {task: key(task) / teacher_scores[task][metric[task]] * 100
+                     if teacher_scores[task][metric[task]] else None for task in tasks}
             defined = [r for r in table.values() if r is not None]
-            table["average"] = sum(defined) / len(defined) if defined else None
+            return {**table, "average": sum(defined) / len(defined) if defined else None}
+
+        recovery = percent_of_teacher(lambda task: scores[task][metric[task]])
+        chance_recovery = percent_of_teacher(lambda task: scores[task]["chance"])
     return {
         "schema": SCHEMA,
         "model": model_name or name_of(model),

@@ -132,9 +132,10 @@ def main():
         row["decode_graph_ms_per_token"], row["graph_tokens_equal_generate"] = time_graph_decode(
             ours, prompt, args.new_tokens)
         del ours
+        peer = None
         if not args.skip_peers:
             stamp(f"{mixer}: fla's peer, built, then fwd+bwd")
-        peer = None if args.skip_peers else fla_peer(mixer)
+            peer = fla_peer(mixer)
         if peer is not None:
             peer = peer.to(dev, torch.bfloat16)
             row["peer_params_m"] = params_m(peer)
