@@ -3,6 +3,7 @@
 import importlib.util
 
 import torch
+import torch.nn.functional as F
 
 from .linear_ops import torch_chunk, torch_recurrent
 
@@ -32,7 +33,18 @@ def use_fast_path(config, kind, device):
     return ok
 
 
-def _torch_core(config, q, k, v, g, beta, *, delta, scale, initial_state, output_final_state):
+def use_fused_ops(config, device):
+    """fla's fused RMSNorm, SwiGLU, short convolution and cross-entropy, wherever the fla kernels may run.
+
+    Each computes what its torch form computes (in fp32 inside the kernel, as the torch forms upcast); they
+    keep fewer activations for backward and make fewer passes over memory.
+    """
+    return config.kernel_backend != "torch" and device.type == "cuda" and HAS_FLA
+
+
+def _torch_core(config, q, k, v, g, beta, *, delta, scale, initial_state, output_final_state, qk_l2norm):
+    if qk_l2norm:
+        q, k = F.normalize(q.float(), dim=-1).to(q.dtype), F.normalize(k.float(), dim=-1).to(k.dtype)
     # Decoding steps (few tokens) use the recurrent step; longer inputs use the chunked form.
     if q.shape[1] <= 4:
         return torch_recurrent(q, k, v, g, beta, delta=delta, scale=scale, initial_state=initial_state,
@@ -45,24 +57,25 @@ def _torch_core(config, q, k, v, g, beta, *, delta, scale, initial_state, output
 
 
 def linear_core(config, kind, q, k, v, g, beta, *, delta, scale, initial_state=None, output_final_state=False,
-                cu_seqlens=None):
+                cu_seqlens=None, qk_l2norm=False):
     """q, k: [B,T,H,K]; v: [B,T,H,V]; returns (o [B,T,H,V], final state [B,H,K,V] fp32 or None).
 
-    With `cu_seqlens` (packed sequences, B == 1) the state restarts at every boundary.
+    With `cu_seqlens` (packed sequences, B == 1) the state restarts at every boundary. `qk_l2norm` L2-normalises
+    q and k first (inside the kernel on the fast path, as fla's own layers do).
     """
     if use_fast_path(config, kind, q.device):
         from .kernels_fast import fast_core
 
         return fast_core(kind, q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                         output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+                         output_final_state=output_final_state, cu_seqlens=cu_seqlens, qk_l2norm=qk_l2norm)
     if cu_seqlens is None:
         return _torch_core(config, q, k, v, g, beta, delta=delta, scale=scale, initial_state=initial_state,
-                           output_final_state=output_final_state)
+                           output_final_state=output_final_state, qk_l2norm=qk_l2norm)
     outs = []
     bounds = cu_seqlens.tolist()
     for start, end in zip(bounds[:-1], bounds[1:]):
         part = lambda x: None if x is None else x[:, start:end]  # noqa: E731
         o, _ = _torch_core(config, part(q), part(k), part(v), part(g), part(beta), delta=delta, scale=scale,
-                           initial_state=None, output_final_state=False)
+                           initial_state=None, output_final_state=False, qk_l2norm=qk_l2norm)
         outs.append(o)
     return torch.cat(outs, 1), None

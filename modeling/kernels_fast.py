@@ -15,6 +15,10 @@ try:
     from fla.ops.kda import chunk_kda, fused_recurrent_kda
     from fla.ops.retention import chunk_retention, fused_recurrent_retention
     from fla.ops.simple_gla import chunk_simple_gla, fused_recurrent_simple_gla
+    from fla.modules import FusedCrossEntropyLoss
+    from fla.modules.activations import swiglu
+    from fla.modules.causal_conv1d import causal_conv1d
+    from fla.modules.norm.layernorm import rms_norm
 except ImportError:
     chunk_delta_rule = None
 try:
@@ -27,10 +31,14 @@ except ImportError:
 RECURRENT_MAX_LEN = 64
 
 
-def _fla(kind, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens):
+def _fla(kind, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, qk_l2norm):
     recurrent = q.shape[1] <= RECURRENT_MAX_LEN and not torch.is_grad_enabled()
     common = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state,
                   cu_seqlens=cu_seqlens)
+    if qk_l2norm:
+        if kind not in ("deltanet", "gated_deltanet", "kda"):  # the kernels that take the flag
+            raise ValueError(f"qk_l2norm is not supported by the {kind!r} kernels")
+        common["use_qk_l2norm_in_kernel"] = True
     if initial_state is not None:
         common["initial_state"] = initial_state.float()
     if beta is not None:
@@ -104,8 +112,11 @@ def _mlstm(q, k, v, log_f, i_gate, scale, initial_state, output_final_state):
     return torch.cat([h, torch.ones_like(h[..., :1])], -1), state
 
 
-def fast_core(kind, q, k, v, g, beta, *, scale, initial_state=None, output_final_state=False, cu_seqlens=None):
+def fast_core(kind, q, k, v, g, beta, *, scale, initial_state=None, output_final_state=False, cu_seqlens=None,
+              qk_l2norm=False):
     if kind == "xlstm":
+        if qk_l2norm:
+            raise ValueError("qk_l2norm is not supported by the xlstm kernels")
         if mlstm_chunkwise__xl_chunk is None:
             raise ImportError("mlstm-kernels is not installed: pip install mlstm-kernels")
         # scale: the kernels always use K^-0.5, as MLSTM does.
@@ -119,4 +130,27 @@ def fast_core(kind, q, k, v, g, beta, *, scale, initial_state=None, output_final
         return torch.cat(outs, 1), None
     if chunk_delta_rule is None:
         raise ImportError("flash-linear-attention is not installed: pip install flash-linear-attention fla-core")
-    return _fla(kind, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
+    return _fla(kind, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, qk_l2norm)
+
+
+# fla's fused forms of the model's other ops (`kernels.use_fused_ops` picks them): same math, computed in fp32
+# inside one kernel, fewer activations kept for backward.
+
+
+def fused_rms_norm(x, weight, eps):
+    return rms_norm(x, weight, None, eps=eps)
+
+
+def fused_swiglu(gate, up):
+    """silu(gate) * up."""
+    return swiglu(gate, up)
+
+
+def fused_short_conv(x, weight, cu_seqlens=None):
+    """silu(causal depthwise conv) of x [B, T, C] with weight [C, W] (weight[:, -1] on the current token)."""
+    return causal_conv1d(x, weight, activation="silu", cu_seqlens=cu_seqlens)[0]
+
+
+def fused_cross_entropy(logits, targets, ignore_index, reduction):
+    """Cross-entropy of [N, V] logits in their own dtype (fp32 inside the kernel): no fp32 copy of the logits."""
+    return FusedCrossEntropyLoss(ignore_index=ignore_index, reduction=reduction)(logits, targets)

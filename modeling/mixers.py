@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
 
-from .kernels import linear_core
+from .kernels import linear_core, use_fused_ops
 
 
 def _init_decay(A_log, dt_bias):
@@ -23,12 +23,19 @@ def _init_decay(A_log, dt_bias):
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim, eps=1e-5):
+    """Llama's RMSNorm; with a `config` whose kernels run on CUDA (`use_fused_ops`), fla's fused kernel."""
+
+    def __init__(self, dim, eps=1e-5, config=None):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.config = config
 
     def forward(self, x):
+        if self.config is not None and use_fused_ops(self.config, x.device):
+            from .kernels_fast import fused_rms_norm
+
+            return fused_rms_norm(x, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -49,11 +56,18 @@ class ShortConv(nn.Module):
         identity[:, -1] = 1.0
         init.copy_(self.weight, identity)
 
-    def forward(self, x, cache=None, layer_idx=None, seq_idx=None):
-        """x: [B, T, C]. With a cache, prepends the cached inputs and stores the newest `size` ones."""
+    def forward(self, x, cache=None, layer_idx=None, seq_idx=None, cu_seqlens=None, fused=False):
+        """x: [B, T, C]. With a cache, prepends the cached inputs and stores the newest `size` ones.
+
+        `fused`: fla's causal_conv1d kernel, packed rows split by `cu_seqlens` instead of `seq_idx`.
+        """
         T = x.shape[1]
         if cache is not None:
             x = cache.update_conv_state(x.transpose(1, 2), layer_idx, conv_kernel_size=self.size).transpose(1, 2)
+        if fused:
+            from .kernels_fast import fused_short_conv
+
+            return fused_short_conv(x, self.weight, cu_seqlens)[:, -T:]
         # Tap j looks j steps back; with packed sequences (seq_idx) a tap never crosses a boundary.
         # The weight takes x's dtype, so under bf16 autocast q, k, v stay bf16 for the kernels (as fla's conv).
         weight = self.weight.to(x.dtype)
@@ -86,7 +100,7 @@ class LinearMixer(nn.Module):
         self.v_proj = nn.Linear(hidden, Hkv * D, bias=False)
         self.o_proj = nn.Linear(H * D, hidden, bias=False)
         self.conv = ShortConv((H + 2 * Hkv) * D, config.conv_size) if config.use_short_conv else None
-        self.o_norm = RMSNorm(self.value_dim, eps=config.rms_norm_eps)
+        self.o_norm = RMSNorm(self.value_dim, eps=config.rms_norm_eps, config=config)
 
     @property
     def value_dim(self):
@@ -111,14 +125,13 @@ class LinearMixer(nn.Module):
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if self.conv is not None:
-            q, k, v = self.conv(torch.cat([q, k, v], -1), cache, self.layer_idx, seq_idx).split(
+            fused = use_fused_ops(self.config, x.device)
+            q, k, v = self.conv(torch.cat([q, k, v], -1), cache, self.layer_idx, seq_idx, cu_seqlens, fused).split(
                 [H * D, Hkv * D, Hkv * D], -1
             )
         q = q.view(B, T, H, D)
         k = k.view(B, T, Hkv, D).repeat_interleave(H // Hkv, dim=2)
         v = v.view(B, T, Hkv, D).repeat_interleave(H // Hkv, dim=2)
-        if self.qk_l2norm:
-            q, k = F.normalize(q.float(), dim=-1).to(q.dtype), F.normalize(k.float(), dim=-1).to(k.dtype)
         q, k, v = self.features(q, k, v)
         g, beta = self.gates(x)
 
@@ -128,6 +141,7 @@ class LinearMixer(nn.Module):
         o, new_state = linear_core(
             self.config, self.kind, q, k, v, g, beta, delta=self.delta, scale=self.scale,
             initial_state=state, output_final_state=cache is not None, cu_seqlens=cu_seqlens,
+            qk_l2norm=self.qk_l2norm,
         )
         if cache is not None:
             cache.update_recurrent_state(new_state, self.layer_idx)

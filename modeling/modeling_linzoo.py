@@ -11,10 +11,12 @@ from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import DynamicCache
+from transformers.loss.loss_utils import LOSS_MAPPING
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from .configuration_linzoo import LinzooConfig
+from .kernels import use_fused_ops
 from .mixers import MIXER_CLASSES, RMSNorm
 
 # transformers >= 5.20 calls the cache `cache`; 5.17 (and older) `past_key_values`.
@@ -49,11 +51,16 @@ class LinzooCache(DynamicCache):
 class LinzooMLP(nn.Module):
     def __init__(self, config):
         super().__init__()
+        self.config = config
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x):
+        if use_fused_ops(self.config, x.device):
+            from .kernels_fast import fused_swiglu
+
+            return self.down_proj(fused_swiglu(self.gate_proj(x), self.up_proj(x)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -106,8 +113,8 @@ class LinzooDecoderLayer(GradientCheckpointingLayer):
         is_attn = layer_idx in config.attn_layers
         self.self_attn = LinzooAttention(config, layer_idx) if is_attn else MIXER_CLASSES[config.mixer](config, layer_idx)
         self.mlp = LinzooMLP(config)
-        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, config=config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, config=config)
 
     def forward(self, hidden_states, attention_mask=None, cache=None, mixer_kwargs=None):
         residual = hidden_states
@@ -160,7 +167,7 @@ class LinzooModel(LinzooPreTrainedModel):
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
         self.layers = nn.ModuleList(LinzooDecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, config=config)
         self.gradient_checkpointing = False
         self.post_init()
 
@@ -284,11 +291,30 @@ class LinzooForCausalLM(LinzooPreTrainedModel, GenerationMixin):
         logits = self.lm_head(hidden_states)
         loss = None
         if labels is not None:
-            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+            loss_function = self.loss_function
+            if loss_function is LOSS_MAPPING["ForCausalLM"] and use_fused_ops(self.config, logits.device):
+                loss_function = fused_causal_lm_loss
+            loss = loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
         return CausalLMOutputWithPast(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states,
             **{_CACHE_FIELD: getattr(outputs, _CACHE_FIELD)},
         )
+
+
+def fused_causal_lm_loss(logits, labels, vocab_size, num_items_in_batch=None, ignore_index=-100, shift_labels=None,
+                         **kwargs):
+    """transformers' `ForCausalLMLoss` (same shift, same reduction over `num_items_in_batch`) with fla's fused
+    cross-entropy, which reads bf16 logits as they are instead of an fp32 copy of all of them."""
+    from .kernels_fast import fused_cross_entropy
+
+    if shift_labels is None:
+        shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    shift_labels = shift_labels.reshape(-1).to(logits.device)
+    reduction = "sum" if num_items_in_batch is not None else "mean"
+    loss = fused_cross_entropy(logits.reshape(-1, vocab_size), shift_labels, ignore_index, reduction)
+    if reduction == "sum":
+        loss = loss / (num_items_in_batch.to(loss.device) if torch.is_tensor(num_items_in_batch) else num_items_in_batch)
+    return loss
 
 
 LinzooConfig.register_for_auto_class()

@@ -5,9 +5,13 @@
 Both sides run in this one process at the SmolLM2-135M shape in bf16, with the same inputs and the same
 timing loop (CUDA events, warm-up first): fwd+bwd tokens/s with a next-token loss, and B=1 greedy decoding
 ms/token (ours: plain cached forward, and the same step replayed as a CUDA graph). Ratios = ours / peer.
+Each of ours is also checked whole-model on a small batch: logits, loss and all gradients of the fast path
+(fla / mlstm-kernels kernels, fused norms, SwiGLU, conv and cross-entropy; bf16) against the torch path in fp32,
+beside the torch path in bf16 against the same reference (the `floor` that bf16 alone explains).
 """
 
 import argparse
+import copy
 import json
 import time
 
@@ -82,11 +86,37 @@ def time_generate(model, prompt, new_tokens):
     return start.elapsed_time(end) / new_tokens
 
 
+def rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def model_parity(ours, ids):
+    """Whole-model check of the fast path: relative L2 errors of logits and of all gradients (one vector), and
+    the loss, against the torch path in fp32; the torch path in bf16 against the same reference is the floor."""
+    runs = {}
+    for name, backend, dtype in [("ref", "torch", torch.float32), ("fast", "fast", torch.bfloat16),
+                                 ("floor", "torch", torch.bfloat16)]:
+        model = copy.deepcopy(ours).to(dtype).train()
+        model.config.kernel_backend = backend
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        grads = torch.cat([p.grad.float().flatten() for p in model.parameters() if p.grad is not None])
+        runs[name] = (out.logits.detach().float(), out.loss.item(), grads)
+        del model, out
+    ref = runs["ref"]
+    return {"logits_rel": rel(runs["fast"][0], ref[0]), "logits_rel_floor": rel(runs["floor"][0], ref[0]),
+            "grad_rel": rel(runs["fast"][2], ref[2]), "grad_rel_floor": rel(runs["floor"][2], ref[2]),
+            "loss": runs["fast"][1], "loss_ref": ref[1], "loss_floor": runs["floor"][1]}
+
+
 @torch.no_grad()
 def time_graph_decode(model, prompt, new_tokens):
-    """ms/token of CUDA-graph decoding, and whether its tokens equal generate()'s greedy tokens."""
+    """ms/token of CUDA-graph decoding, and how many of its tokens equal generate()'s greedy tokens (from the
+    first on, until the first difference: one flipped near-tie changes everything after it)."""
     reference = model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
-    same = torch.equal(GraphedDecoder(model, prompt).generate(new_tokens), reference[:, prompt.shape[1]:])
+    graphed = GraphedDecoder(model, prompt).generate(new_tokens)
+    differs = (graphed != reference[:, prompt.shape[1]:])[0].nonzero()
+    same = int(differs[0]) if len(differs) else new_tokens
     decoder = GraphedDecoder(model, prompt)
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -129,8 +159,10 @@ def main():
         stamp(f"{mixer}: ours, generate()")
         row["decode_ms_per_token"] = time_generate(ours, prompt, args.new_tokens)
         stamp(f"{mixer}: ours, CUDA-graph decoding")
-        row["decode_graph_ms_per_token"], row["graph_tokens_equal_generate"] = time_graph_decode(
+        row["decode_graph_ms_per_token"], row["graph_tokens_matching_generate"] = time_graph_decode(
             ours, prompt, args.new_tokens)
+        stamp(f"{mixer}: ours, fast vs torch path (logits, loss, gradients)")
+        row["parity"] = model_parity(ours, ids[:2, :512])
         del ours
         peer = None
         if not args.skip_peers:
@@ -153,12 +185,19 @@ def main():
         torch.cuda.empty_cache()
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
-    print(f"\n{'model':16s} {'train tok/s':>12s} {'peer tok/s':>11s} {'ratio':>6s} {'decode ms':>10s} "
-          f"{'graph ms':>9s} {'peer ms':>8s}")
+    nan = float("nan")
+    print(f"\n{'model':16s} {'train tok/s':>12s} {'peer tok/s':>11s} {'ratio':>6s} {'GiB':>5s} {'peer GiB':>8s} "
+          f"{'decode ms':>10s} {'graph ms':>9s} {'peer ms':>8s} {'graph=gen':>9s} {'logits rel':>10s} {'floor':>8s} "
+          f"{'grad rel':>9s} {'floor':>8s}")
     for name, r in res["rows"].items():
-        print(f"{name:16s} {r['train_tok_s']:12.0f} {r.get('peer_train_tok_s', float('nan')):11.0f} "
-              f"{r.get('train_ratio', float('nan')):6.2f} {r['decode_ms_per_token']:10.2f} "
-              f"{r.get('decode_graph_ms_per_token', float('nan')):9.3f} {r.get('peer_decode_ms_per_token', float('nan')):8.2f}")
+        p = r.get("parity", {})
+        print(f"{name:16s} {r['train_tok_s']:12.0f} {r.get('peer_train_tok_s', nan):11.0f} "
+              f"{r.get('train_ratio', nan):6.2f} {r['train_peak_gib']:5.1f} {r.get('peer_train_peak_gib', nan):8.1f} "
+              f"{r['decode_ms_per_token']:10.2f} {r.get('decode_graph_ms_per_token', nan):9.3f} "
+              f"{r.get('peer_decode_ms_per_token', nan):8.2f} "
+              f"{str(r.get('graph_tokens_matching_generate', '-')) + '/' + str(args.new_tokens):>9s} "
+              f"{p.get('logits_rel', nan):10.2e} {p.get('logits_rel_floor', nan):8.2e} "
+              f"{p.get('grad_rel', nan):9.2e} {p.get('grad_rel_floor', nan):8.2e}")
 
 
 if __name__ == "__main__":

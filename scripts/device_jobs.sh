@@ -4,7 +4,8 @@
 #     . .dev/stage.sh && bash scripts/device_jobs.sh PHASE [PHASE...]   (phases run in order, one LIMIT for all)
 #
 # start: starts (or resumes) the training runs in the background and returns; parity: the fast-vs-torch check;
-# wait: until the runs finish or LIMIT nears; eval: teacher + finished students; bench; profile.
+# wait: until the runs finish or LIMIT nears; eval: teacher + finished students; bench (background, resumable
+# across calls like the runs: call it again to wait for it); profile.
 # E.g. `start parity wait` then, in the next call of the same block, `wait eval`.
 # A run holds a lock (/tmp/runs/<mixer>.lock) while it trains: if the machine lets it outlive the call, the next
 # call finds it running and waits for it; if not, `start` resumes it from its last checkpoint (same stage, step).
@@ -102,9 +103,24 @@ parity)
 profile)  # where a KD training step's time goes (gated_deltanet, the recipe's batch)
   timeout "$(left)" python3 "$R/scripts/profile_train_step.py" --mixer gated_deltanet ${PROFILE_ARGS:-} \
     --out "$OUT/profile_train_step.json" 2>&1 | tee -a "$OUT/profile_train_step.log" ;;
-bench)
-  timeout "$(left)" python3 "$R/scripts/bench_speed.py" --iters 6 --new_tokens 48 ${BENCH_ARGS:-} --out "$OUT/bench_speed.json" 2>&1 \
-    | tee "$OUT/bench_speed.log"
+bench)  # in the background, under a lock like the training runs: it outlives the call, and the next call's `bench`
+  # waits for it; each call copies what it has so far (the JSON is rewritten after every mixer) to $OUT
+  if [ -f /tmp/bench/done ]; then echo "bench: finished already"
+  elif flock -n /tmp/bench.lock true; then
+    echo "bench: starting"; mkdir -p /tmp/bench
+    setsid nohup flock -o /tmp/bench.lock sh -c "python3 '$R/scripts/bench_speed.py' --iters 6 --new_tokens 48 \
+      ${BENCH_ARGS:-} --out /tmp/bench/bench_speed.json && touch /tmp/bench/done" >/tmp/bench/bench_speed.log 2>&1 </dev/null &
+    sleep 2
+  else echo "bench: still running (from an earlier call)"; fi
+  last=0
+  while [ $((LIMIT - SECONDS)) -gt 15 ] && ! flock -n /tmp/bench.lock true; do
+    n=$(wc -l </tmp/bench/bench_speed.log); [ "$n" -gt "$last" ] && { sed -n "$((last + 1)),${n}p" /tmp/bench/bench_speed.log | grep -v TileLang; last=$n; }
+    sleep 5
+  done
+  if [ -f /tmp/bench/done ]; then echo "bench: done"
+  elif flock -n /tmp/bench.lock true; then echo "bench: stopped before the end (its log: bench_speed.log)"
+  else echo "bench: still running at the limit"; fi
+  cp /tmp/bench/bench_speed.log /tmp/bench/bench_speed.json "$OUT/" 2>/dev/null
   save_triton ;;
 eval)  # teacher + every finished student: full five tasks (recovery, KL) and NIAH 256-8k
   # NIAH of every model at once; the teacher's quality first, so that each student's reuses its task scores

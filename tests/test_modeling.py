@@ -716,3 +716,89 @@ def test_load_unknown_hub_model_offline(monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read once at import
     with pytest.raises((FileNotFoundError, OSError)):
         linzoo.load_model("no/such-model-here")
+
+
+# ------------------------------------------------------------------------------------------------
+# fused ops (fla's RMSNorm, SwiGLU, short conv, cross-entropy on CUDA): the plumbing, on CPU
+# ------------------------------------------------------------------------------------------------
+
+
+def _fla_causal_conv1d(x, weight, activation=None, cu_seqlens=None):
+    """fla's causal_conv1d as documented: y_t = sum_j weight[:, W-1-j] x_{t-j}, never across cu_seqlens bounds."""
+    assert activation == "silu" and x.dim() == 3 and weight.shape == (x.shape[-1], 4)
+    bounds = [0, x.shape[1]] if cu_seqlens is None else cu_seqlens.tolist()
+    assert cu_seqlens is None or x.shape[0] == 1
+    out = torch.zeros_like(x)
+    for s, e in zip(bounds[:-1], bounds[1:]):
+        seg = F.pad(x[:, s:e].transpose(1, 2), (weight.shape[1] - 1, 0))
+        out[:, s:e] = F.conv1d(seg, weight[:, None], groups=x.shape[-1]).transpose(1, 2)
+    return F.silu(out), None
+
+
+class _FusedCE:  # fla.modules.FusedCrossEntropyLoss: [N, V] logits, [N] targets, mean over non-ignored or sum
+    def __init__(self, ignore_index, reduction):
+        self.ignore_index, self.reduction = ignore_index, reduction
+
+    def __call__(self, logits, targets):
+        return F.cross_entropy(logits.float(), targets, ignore_index=self.ignore_index, reduction=self.reduction)
+
+
+@pytest.mark.parametrize("mixer", ["gated_deltanet", "linear_attn"])  # short conv + delta rule; neither
+def test_fused_ops_plumbing(mixer, monkeypatch):
+    """With `use_fused_ops` on, every RMSNorm, SwiGLU, short conv and the loss go through `kernels_fast`'s fla
+    wrappers. Torch stand-ins with fla's documented semantics take the kernels' place: the model must give the
+    torch path's logits, loss (mean, and summed over `num_items_in_batch`) and gradients, packed rows included.
+    (That the fla kernels meet those semantics is checked on the GPU: scripts/gpu_parity.py, bench_speed.py.)"""
+    from linzoo.modeling import kernels_fast, mixers, modeling_linzoo
+
+    calls = {"norm": 0, "swiglu": 0, "conv": 0, "ce": 0}
+
+    def count(name, fn):
+        def wrapped(*a, **kw):
+            calls[name] += 1
+            return fn(*a, **kw)
+        return wrapped
+
+    def rms(x, w, b, eps):
+        return (w * (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps))).to(x.dtype)
+
+    monkeypatch.setattr(kernels_fast, "rms_norm", count("norm", rms), raising=False)
+    monkeypatch.setattr(kernels_fast, "swiglu", count("swiglu", lambda g, u: F.silu(g) * u), raising=False)
+    monkeypatch.setattr(kernels_fast, "causal_conv1d", count("conv", _fla_causal_conv1d), raising=False)
+    monkeypatch.setattr(kernels_fast, "FusedCrossEntropyLoss", count("ce", _FusedCE), raising=False)
+
+    model = tiny_model(mixer).train()
+    ids = torch.randint(1, VOCAB, (2, 21))
+    labels = ids.clone()
+    labels[0, :5] = -100
+    lengths = (7, 2, 12)
+    packed_pos = torch.cat([torch.arange(n) for n in lengths])[None]
+
+    def run(**kw):
+        model.zero_grad()
+        out = model(ids, labels=labels, **kw)
+        out.loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        packed = model(ids[:1], position_ids=packed_pos).logits
+        return out.logits.detach(), out.loss.detach(), grads, packed.detach()
+
+    ref = [run(), run(num_items_in_batch=torch.tensor(30))]
+    monkeypatch.setattr(mixers, "use_fused_ops", lambda config, device: True)
+    monkeypatch.setattr(modeling_linzoo, "use_fused_ops", lambda config, device: True)
+    fused = [run(), run(num_items_in_batch=torch.tensor(30))]
+    L = model.config.num_hidden_layers
+    conv_per_forward = L if model.config.use_short_conv else 0
+    # per run(): 2 forwards x (2 norms per layer + the final norm + o_norm per layer); 1 CE (the packed forward has no labels)
+    assert calls == {"norm": 2 * 2 * (3 * L + 1), "swiglu": 2 * 2 * L, "conv": 2 * 2 * conv_per_forward, "ce": 2}
+    for (lo, lf, gr, pk), (lo2, lf2, gr2, pk2) in zip(ref, fused):
+        torch.testing.assert_close(lo2, lo, **TOL)
+        torch.testing.assert_close(lf2, lf, **TOL)
+        torch.testing.assert_close(pk2, pk, **TOL)
+        assert gr.keys() == gr2.keys()
+        for name in gr:
+            torch.testing.assert_close(gr2[name], gr[name], **TOL, msg=name)
+    assert not torch.allclose(ref[0][1], ref[1][1])  # the two reductions differ, so both were checked
+    before = calls["conv"]
+    check_decoding(model.eval())  # the cached window goes through the fused conv too (prefill and steps)
+    check_left_padding(model)
+    assert calls["conv"] > before or not model.config.use_short_conv
