@@ -106,6 +106,8 @@ profile)  # where a KD training step's time goes (gated_deltanet, the recipe's b
 bench)  # in the background, under a lock like the training runs: it outlives the call, and the next call's `bench`
   # waits for it; each call copies what it has so far (the JSON is rewritten after every mixer) to $OUT
   if [ -f /tmp/bench/done ]; then echo "bench: finished already"
+  elif [ -f /tmp/bench/bench_speed.log ] && flock -n /tmp/bench.lock true; then
+    echo "bench: an earlier call's bench stopped before the end; not restarted (rm -rf /tmp/bench to)"
   elif flock -n /tmp/bench.lock true; then
     echo "bench: starting"; mkdir -p /tmp/bench
     setsid nohup flock -o /tmp/bench.lock sh -c "python3 '$R/scripts/bench_speed.py' --iters 6 --new_tokens 48 \
