@@ -17,8 +17,8 @@ class GraphedDecoder:
         if prompt_ids.device.type != "cuda":
             raise ValueError("GraphedDecoder needs the model and prompt on a CUDA device.")
         self.model = model.eval()
-        with torch.no_grad():
-            out = model(prompt_ids, use_cache=True)
+        with torch.no_grad():  # the last position's logits only, as generate() asks for them (same bf16 rounding)
+            out = model(prompt_ids, use_cache=True, logits_to_keep=1)
         self.cache = out.cache if hasattr(out, "cache") else out.past_key_values
         self.tokens = out.logits[:, -1:].argmax(-1)
         states = [t for layer in self.cache.layers for t in (*layer.recurrent_states.values(), *layer.conv_states.values())
