@@ -4,12 +4,19 @@
 # For a real run use the GPU command in the README (tens of millions of tokens).
 set -euo pipefail
 OUT=${OUT:-runs/main}
+# Zero-shot sets: $EVAL_DATA, else a checkout's ../shared/data/eval, else the Hub datasets -- checked before training,
+# so that a machine without them stops now rather than after the training.
+EVAL_DATA=${EVAL_DATA:-$([ -d ../shared/data/eval ] && echo ../shared/data/eval || true)}
+python -c "import sys; from linzoo.evals.quality import TASKS, load_task_docs
+[load_task_docs(t, sys.argv[1] or None, 1) for t in TASKS]" "${EVAL_DATA:-}" >/dev/null 2>&1 || {
+  echo "main_job: the five zero-shot sets are not reachable (EVAL_DATA='${EVAL_DATA:-}', Hub datasets tried if empty)." >&2
+  echo "  Set EVAL_DATA to a folder holding lambada_openai, winogrande, arc_easy, arc_challenge and piqa .jsonl" >&2
+  echo "  files (the format of evals/LM_EVAL.md), or run where the Hub is reachable." >&2
+  exit 2; }
 linzoo linearize --teacher embedded --mixer gated_deltanet --dataset embedded \
   --total_tokens "${TOKENS:-20000}" --max_seq_length 128 --per_device_train_batch_size 2 \
   --logging_steps 4 --save_steps 20 --output_dir "$OUT"
 linzoo eval niah --model "$OUT" --lengths 256,512 --depths 0,0.5,1 --samples_per_cell 1 --out "$OUT/eval"
-# Zero-shot sets: $EVAL_DATA, else a checkout's ../shared/data/eval, else the Hub datasets.
-EVAL_DATA=${EVAL_DATA:-$([ -d ../shared/data/eval ] && echo ../shared/data/eval || true)}
 linzoo eval quality --model "$OUT" --teacher embedded ${EVAL_DATA:+--data_dir "$EVAL_DATA"} --limit 20 \
   --heldout_tokens 2048 --out "$OUT/eval"
 python - "$OUT" <<'PY'
