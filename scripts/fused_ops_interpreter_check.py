@@ -72,13 +72,16 @@ def main():
     cfg = dict(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                num_key_value_heads=2, kernel_backend="torch", chunk_size=8)
     ids = torch.randint(0, 100, (2, 21))
+    original = mixers.use_fused_ops
     for mixer in ("gated_deltanet", "gla"):  # with and without the short conv
         model = LinzooForCausalLM(LinzooConfig(**cfg, mixer=mixer)).eval()
         with torch.no_grad():
             ref = model(ids).logits
             mixers.use_fused_ops = modeling_linzoo.use_fused_ops = lambda config, device: True
-            fused = model(ids).logits
-            mixers.use_fused_ops = modeling_linzoo.use_fused_ops = lambda config, device: False
+            try:
+                fused = model(ids).logits
+            finally:
+                mixers.use_fused_ops = modeling_linzoo.use_fused_ops = original
         check(f"whole model, {mixer} (logits)", lambda a: fused, lambda a: ref, ids.float(), backward=False)
     print(f"worst relative error {worst:.1e} (limit {TOL:.0e})")
     sys.exit(0 if worst <= TOL else 1)
