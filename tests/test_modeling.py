@@ -748,7 +748,8 @@ def test_fused_ops_plumbing(mixer, monkeypatch):
     """With `use_fused_ops` on, every RMSNorm, SwiGLU, short conv and the loss go through `kernels_fast`'s fla
     wrappers. Torch stand-ins with fla's documented semantics take the kernels' place: the model must give the
     torch path's logits, loss (mean, and summed over `num_items_in_batch`) and gradients, packed rows included.
-    (That the fla kernels meet those semantics is checked on the GPU: scripts/gpu_parity.py, bench_speed.py.)"""
+    (That fla's kernels meet those semantics: scripts/fused_ops_interpreter_check.py runs them on CPU through
+    Triton's interpreter; on the GPU, scripts/bench_speed.py's whole-model parity.)"""
     from linzoo.modeling import kernels_fast, mixers, modeling_linzoo
 
     calls = {"norm": 0, "swiglu": 0, "conv": 0, "ce": 0}
