@@ -1,8 +1,7 @@
 """`linzoo card`: the model card of one checkpoint folder, written from what was measured.
 
-    linzoo card runs/gdn-135m                                   # writes runs/gdn-135m/README.md
-    linzoo card runs/gdn-135m-sft --repo-id my-org/linzoo-gated-deltanet-instruct \
-        --base-model my-org/linzoo-gated-deltanet-base
+    linzoo card runs/my-student                                  # writes runs/my-student/README.md
+    linzoo card runs/my-student-sft --repo-id my-org/my-student-instruct --base-model my-org/my-student-base
 
 The front matter is `ModelCardData` (its model-index from <folder>/eval/quality.json and
 <folder>/eval/niah.json); the body is `template.md`. Lineage, recipe and token counts come from
@@ -21,6 +20,7 @@ from pathlib import Path
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from linzoo.evals import niah, quality
+from linzoo.modeling.mixers import MIXER_CLASSES
 
 from .space import NOT_MEASURED, format_bytes, measured, state_sizes
 
@@ -31,21 +31,6 @@ HEATMAPS = ("eval/niah_heatmap.png", "niah_heatmap.png")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 STATE_AT_TOKENS = 4096  # context at which the card compares the fixed state with the teacher's KV cache
 
-# mixer -> (name, its recurrence in one line). S is the per-head [K, V] state.
-MIXERS = {
-    "linear_attn": ("Linear attention",
-                    "S_t = S_{t-1} + φ(k_t) v_tᵀ, o_t = S_tᵀ φ(q_t) with φ = elu + 1 (no decay)"),
-    "retnet": ("RetNet", "S_t = γ_h S_{t-1} + k_t v_tᵀ with a fixed decay γ_h = 1 − 2^(−5−h) per head"),
-    "gla": ("Gated Linear Attention",
-            "S_t = Diag(α_t) S_{t-1} + k_t v_tᵀ with a data-dependent gate α_t per key channel"),
-    "deltanet": ("DeltaNet", "S_t = (I − β_t k_t k_tᵀ) S_{t-1} + β_t k_t v_tᵀ: the delta rule erases before it writes"),
-    "gated_deltanet": ("Gated DeltaNet",
-                       "S_t = α_t (I − β_t k_t k_tᵀ) S_{t-1} + β_t k_t v_tᵀ with a data-dependent decay α_t per head"),
-    "kda": ("Kimi Delta Attention",
-            "S_t = (I − β_t k_t k_tᵀ) Diag(α_t) S_{t-1} + β_t k_t v_tᵀ with a decay α_t per key channel"),
-    "xlstm": ("xLSTM (mLSTM)",
-              "C_t = f_t C_{t-1} + i_t k_t v_tᵀ, n_t = f_t n_{t-1} + i_t k_t, h_t = C_tᵀ q_t / max(|n_tᵀ q_t|, 1)"),
-}
 
 
 def read_json(path: Path, schema: str | None = None) -> dict | None:
@@ -112,10 +97,8 @@ def checkpoint_info(folder) -> dict:
         raise FileNotFoundError(f"{folder} holds no config.json: not a model folder.")
     training = read_json(folder / "linzoo_training.json") or {}
     state = read_json(folder / "trainer_state.json") or {}
-    stage = config.get("linzoo_stage") or training.get("stage") or "base"
-    parent = config.get("linzoo_parent") or training.get("parent")
-    return {"config": config, "training": training, "trainer_state": state, "stage": stage,
-            "teacher": config.get("teacher") or training.get("teacher"), "parent": parent}
+    return {"config": config, "training": training, "trainer_state": state, "stage": training.get("stage") or "base",
+            "teacher": config.get("teacher") or training.get("teacher"), "parent": training.get("parent")}
 
 
 def is_hub_id(name: str | None) -> bool:
@@ -180,8 +163,8 @@ def build_card(folder, repo_id: str | None = None, base_model: str | None = None
     folder = Path(folder)
     info = checkpoint_info(folder)
     config, stage, mixer = info["config"], info["stage"], info["config"].get("mixer")
-    if mixer not in MIXERS:
-        raise ValueError(f"{folder}/config.json has mixer {mixer!r}; a linzoo student has one of {sorted(MIXERS)}")
+    if mixer not in MIXER_CLASSES:
+        raise ValueError(f"{folder}/config.json has mixer {mixer!r}; a linzoo student has one of {list(MIXER_CLASSES)}")
     results = read_results(folder)
     base_model = base_model or default_base_model(info)
     base_model = base_model if is_hub_id(base_model) else None  # a local path is no Hub base model
@@ -208,8 +191,8 @@ def build_card(folder, repo_id: str | None = None, base_model: str | None = None
         name=name,
         repo=repo_id or str(folder),
         mixer=mixer,
-        mixer_name=MIXERS[mixer][0],
-        recurrence=MIXERS[mixer][1],
+        mixer_name=MIXER_CLASSES[mixer].title,
+        recurrence=MIXER_CLASSES[mixer].recurrence,
         stage=stage,
         lineage=" → ".join(f"**{step} (this model)**" if step == stage else step
                            for step in (info["teacher"] or "teacher", *STAGES)),
@@ -244,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repo-id", help="the Hub repo the card is for (usage snippet and model-index name)")
     parser.add_argument("--base-model", help="Hub id of the parent (default: the recorded teacher / parent)")
     args = parser.parse_args(argv)
+    if not args.folder.is_dir():
+        raise FileNotFoundError(f"{args.folder} is not a folder: pass the checkpoint folder that `linzoo linearize`, "
+                                "`sft` or `distill-instruct` wrote (the one holding config.json)")
     card = build_card(args.folder, args.repo_id, args.base_model)
     path = args.folder / "README.md"
     card.save(path)

@@ -3,8 +3,19 @@
 from __future__ import annotations
 
 from .modeling import LinzooConfig, LinzooForCausalLM
+from .modeling.mixers import DEFAULT_MIXER
 
 SUPPORTED_TEACHERS = ("llama", "mistral")  # q/k/v/o without biases, SwiGLU MLP, RMSNorm, RoPE
+TEACHER_ATTENTION = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")
+
+
+def fresh_parameters(student) -> list[str]:
+    """Names of the parameters a linearized student adds to its teacher: every mixer's own (gates, norms, convs)."""
+    return [
+        name for name, _ in student.named_parameters()
+        if ".self_attn." in name and int(name.split(".")[2]) not in student.config.attn_layers
+        and not name.endswith(TEACHER_ATTENTION)
+    ]
 
 
 def student_config(teacher_config, mixer: str, **options) -> LinzooConfig:
@@ -39,12 +50,12 @@ def student_config(teacher_config, mixer: str, **options) -> LinzooConfig:
     )
 
 
-def linearize(teacher, mixer: str = "gated_deltanet", **options) -> LinzooForCausalLM:
+def linearize(teacher, mixer: str = DEFAULT_MIXER, **options) -> LinzooForCausalLM:
     """Replace every attention of `teacher` (a model, or a spec for `load_teacher`) by `mixer`.
 
     Embeddings, norms, MLPs and the attention's q/k/v/o projections are copied (GQA: k/v keep the
     teacher's head count and are repeated per query head inside the mixer). The mixer's new
-    parameters start as documented in `modeling/mixers.py` (gates near 1, identity convs, unit norms).
+    parameters (`fresh_parameters`) start as each mixer's file documents (gates near 1, identity convs, unit norms).
     Layers in `attn_layers` keep the teacher's softmax attention.
     """
     if isinstance(teacher, str):
@@ -58,11 +69,11 @@ def linearize(teacher, mixer: str = "gated_deltanet", **options) -> LinzooForCau
     result = student.load_state_dict(state, strict=False)
     if result.unexpected_keys:
         raise ValueError(f"Teacher weights with no place in the student: {result.unexpected_keys[:5]} ...")
-    fresh = [k for k in result.missing_keys if k != "lm_head.weight" or not config.tie_word_embeddings]
-    if any(k.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "mlp.down_proj.weight")) for k in fresh):
-        raise ValueError(f"Backbone weights missing from the teacher: {fresh[:5]}")
+    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    missing = set(result.missing_keys) - tied - set(fresh_parameters(student))
+    if missing:
+        raise ValueError(f"Backbone weights missing from the teacher: {sorted(missing)[:5]}")
     student.tie_weights()
-    student.linzoo_fresh_parameters = fresh  # the parameters the teacher did not supply
     if getattr(teacher, "generation_config", None) is not None:
         student.generation_config = teacher.generation_config
     return student

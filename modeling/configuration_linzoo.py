@@ -2,13 +2,10 @@
 
 from transformers import PretrainedConfig
 
-# The seven token mixers compared in "What Matters in Linearizing Language Models?" (arXiv 2504.14366).
-MIXERS = ("linear_attn", "retnet", "gla", "deltanet", "gated_deltanet", "kda", "xlstm")
-KERNEL_BACKENDS = ("auto", "fast", "torch")
-FEATURE_MAPS = ("elu", "relu", "identity")
+from .mixer_linear_attn import FEATURE_MAPS
+from .mixers import DEFAULT_MIXER, MIXER_CLASSES, MIXERS
 
-# Which mixers use a causal depthwise short convolution (with SiLU) on q, k, v by default, as fla does.
-_SHORT_CONV_DEFAULT = {"deltanet", "gated_deltanet", "kda"}
+KERNEL_BACKENDS = ("auto", "fast", "torch")
 
 
 def _check_choice(name, value, choices):
@@ -21,18 +18,20 @@ class LinzooConfig(PretrainedConfig):
     Llama-style backbone fields (as `LlamaConfig`) plus the token mixer.
 
     Args:
-        mixer (`str`): one of `linzoo.MIXERS`.
+        mixer (`str`): one of `linzoo.MIXERS` (the registry in `mixers.py`).
         attn_layers (`list[int]`): layer indices that keep softmax attention (a hybrid student); empty by default.
         kernel_backend (`str`): `"auto"` uses fla / mlstm-kernels when CUDA and the package are present and the
-            pure-torch path otherwise; `"fast"` requires the kernels; `"torch"` forces the pure-torch path.
+            pure-torch path otherwise (falling back, with one warning, when a mixer's kernels do not import);
+            `"fast"` requires the kernels; `"torch"` forces the pure-torch path.
         use_short_conv (`bool`, *optional*): causal depthwise conv (kernel `conv_size`) + SiLU on q, k, v.
-            Defaults to True for the delta-rule mixers, False otherwise.
-        feature_map (`str`): feature map of `linear_attn` (`"elu"` is elu(x)+1).
-        gate_low_rank_dim (`int`): rank of the per-channel gate projections of `gla` and `kda`.
+            Defaults to the mixer's own default (its class's `short_conv`).
+        feature_map (`str`): feature map of the mixer that has one (linear attention; `"elu"` is elu(x)+1).
+        gate_low_rank_dim (`int`): rank of the low-rank per-channel gate projections.
         gate_logit_normalizer (`float`): divides GLA's log-sigmoid gate (fla's default 16).
         igate_soft_cap (`float`): soft cap on xLSTM's exponential input gate pre-activation.
         chunk_size (`int`): chunk length of the pure-torch chunked form.
-        teacher (`str`): lineage: where the backbone came from.
+        teacher (`str`): lineage: where the backbone came from (the rest of the lineage — stage, parent, new
+            parameters — is in the checkpoint's `linzoo_training.json`).
     """
 
     model_type = "linzoo"
@@ -57,7 +56,7 @@ class LinzooConfig(PretrainedConfig):
         pad_token_id=None,
         bos_token_id=1,
         eos_token_id=2,
-        mixer="gated_deltanet",
+        mixer=DEFAULT_MIXER,
         attn_layers=(),
         kernel_backend="auto",
         use_short_conv=None,
@@ -104,7 +103,7 @@ class LinzooConfig(PretrainedConfig):
         self.mixer = mixer
         self.attn_layers = attn_layers
         self.kernel_backend = kernel_backend
-        self.use_short_conv = mixer in _SHORT_CONV_DEFAULT if use_short_conv is None else bool(use_short_conv)
+        self.use_short_conv = MIXER_CLASSES[mixer].short_conv if use_short_conv is None else bool(use_short_conv)
         self.conv_size = conv_size
         self.feature_map = feature_map
         self.gate_low_rank_dim = gate_low_rank_dim

@@ -16,8 +16,9 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from .configuration_linzoo import LinzooConfig
-from .kernels import use_fused_ops
-from .mixers import MIXER_CLASSES, RMSNorm
+from .kernels import fused_cross_entropy, fused_swiglu, use_fused_ops
+from .mixer_base import RMSNorm
+from .mixers import MIXER_CLASSES
 
 # transformers >= 5.20 calls the cache `cache`; 5.17 (and older) `past_key_values`.
 _CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
@@ -58,8 +59,6 @@ class LinzooMLP(nn.Module):
 
     def forward(self, x):
         if use_fused_ops(self.config, x.device):
-            from .kernels_fast import fused_swiglu
-
             return self.down_proj(fused_swiglu(self.gate_proj(x), self.up_proj(x)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
@@ -92,6 +91,8 @@ class LinzooAttention(nn.Module):
         init.copy_(self.inv_freq, 1.0 / self.rope_theta**exponent)
 
     def forward(self, hidden_states, attention_mask=None, cache=None, position_ids=None, attn_bias=None, **_):
+        """`attn_bias`: a boolean [B, 1, T, past + T] mask, or None for plain causal attention (no padding or
+        packing: SDPA's causal kernels, no materialised mask)."""
         B, T, _ = hidden_states.shape
         shape = (B, T, -1, self.head_dim)
         q = self.q_proj(hidden_states).view(shape).transpose(1, 2)
@@ -103,7 +104,8 @@ class LinzooAttention(nn.Module):
         q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, enable_gqa=True)
+        causal = attn_bias is None and T > 1 and k.shape[2] == T  # a decoding step sees all of its past
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, is_causal=causal, enable_gqa=True)
         return self.o_proj(o.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -178,7 +180,10 @@ class LinzooModel(LinzooPreTrainedModel):
         self.embed_tokens = value
 
     def _attn_bias(self, attention_mask, position_ids, seq_idx, past, T, device):
-        """Boolean [B, 1, T, past + T] mask for the hybrid softmax layers (causal, padding, packing)."""
+        """Boolean [B, 1, T, past + T] mask for the hybrid softmax layers (causal, padding, packing); None where
+        causality alone is the mask (no padding, no packing, and nothing cached or a single new token)."""
+        if attention_mask is None and seq_idx is None and (past == 0 or T == 1):
+            return None
         S = past + T
         q_pos = torch.arange(past, S, device=device)[:, None]
         allowed = torch.arange(S, device=device)[None, :] <= q_pos
@@ -270,14 +275,7 @@ class LinzooForCausalLM(LinzooPreTrainedModel, GenerationMixin):
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, past_key_values=None,
                 inputs_embeds=None, labels=None, use_cache=None, output_hidden_states=None, logits_to_keep=0,
-                layer_inputs=None, **kwargs):
-        if layer_inputs is not None:
-            # Teacher forcing for attention transfer: layer i's mixer on the given input of layer i, nothing else.
-            # Going through forward() keeps DDP/FSDP wrappers in charge of gradient sync.
-            outs = tuple(
-                layer.self_attn(x, attention_mask=attention_mask) for layer, x in zip(self.model.layers, layer_inputs)
-            )
-            return CausalLMOutputWithPast(hidden_states=outs)
+                **kwargs):
         outputs = self.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
             cache=cache if cache is not None else past_key_values, inputs_embeds=inputs_embeds,
@@ -305,8 +303,6 @@ def fused_causal_lm_loss(logits, labels, vocab_size, num_items_in_batch=None, ig
                          **kwargs):
     """transformers' `ForCausalLMLoss` (same shift, same reduction over `num_items_in_batch`) with fla's fused
     cross-entropy, which reads bf16 logits as they are instead of an fp32 copy of all of them."""
-    from .kernels_fast import fused_cross_entropy
-
     if shift_labels is None:
         shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
     shift_labels = shift_labels.reshape(-1).to(logits.device)

@@ -24,6 +24,7 @@ import torch
 from transformers import DynamicCache
 
 import linzoo
+from linzoo.convert import fresh_parameters
 from linzoo.loading import load_teacher, resolve
 
 
@@ -158,10 +159,11 @@ def main():
         t0 = time.time()
         student = linzoo.linearize(teacher, mixer)
         layer = student.model.layers[args.layer].self_attn
+        fresh = set(fresh_parameters(student))
         g = torch.Generator(device="cpu").manual_seed(1)
         with torch.no_grad():  # data-dependent gates so the kernels see real decays
             for name, p in layer.named_parameters():
-                if f"layers.{args.layer}.self_attn.{name}" in student.linzoo_fresh_parameters and "norm" not in name:
+                if f"model.layers.{args.layer}.self_attn.{name}" in fresh and "norm" not in name:
                     p.add_(0.02 * torch.randn(p.shape, generator=g).to(p.device))
         ref, ref_g, _ = fwd_bwd(layer, x, cot, "torch", torch.float32)
         floor, floor_g, floor_layer = fwd_bwd(layer, x, cot, "torch", torch.bfloat16)

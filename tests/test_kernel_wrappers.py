@@ -1,4 +1,4 @@
-"""The CUDA wrappers' own math, on CPU: `kernels_fast` turns our gates and state layout into what the kernels
+"""The CUDA wrappers' own math, on CPU: `MLSTM.fast_core` turns our gates and state layout into what the kernels
 take (xLSTM: forget pre-activation, log input gate, (C, n, m) states, padding to the kernel's lengths) and back.
 With mlstm-kernels' pure-torch reference standing in for its Triton kernels, the wrapper must reproduce our
 torch path exactly (fp32): outputs, final states, gradients and the decode step. Whatever then differs on
@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from linzoo.modeling import kernels_fast
+from linzoo.modeling import LinzooConfig
 from linzoo.modeling.linear_ops import torch_chunk, torch_recurrent
-from linzoo.modeling.mixers import MLSTM
+from linzoo.modeling.mixer_xlstm import MLSTM
 
 native = pytest.importorskip("mlstm_kernels.torch.chunkwise.native")
 native_step = pytest.importorskip("mlstm_kernels.torch.recurrent.native_step")
@@ -24,9 +24,8 @@ def _native_kernels(monkeypatch):
     def chunkwise(q, k, v, i, f, **kw):  # the reference wants T % chunk == 0; our wrapper pads to 16 / 2^n / 128
         return native.mlstm_chunkwise__native_autograd(q, k, v, i, f, chunk_size=min(64, q.shape[2]), **kw)
 
-    monkeypatch.setattr(kernels_fast, "mlstm_chunkwise__xl_chunk", chunkwise)
-    monkeypatch.setattr(kernels_fast, "mlstm_recurrent_step__triton", native_step.mlstm_recurrent_step__native,
-                        raising=False)  # (without triton the import failed, leaving the name unset)
+    monkeypatch.setattr(MLSTM.fast_kernels, "_loaded",
+                        {"chunk": chunkwise, "recurrent": native_step.mlstm_recurrent_step__native})
     torch.manual_seed(0)
 
 
@@ -43,8 +42,11 @@ def readout(o):  # the layer's own readout (numerator / max(|denominator|, 1)); 
     return MLSTM.readout(None, o)
 
 
+LAYER = MLSTM(LinzooConfig(hidden_size=H * K, num_attention_heads=H, num_key_value_heads=H, mixer="xlstm"), 0)
+
+
 def run_fast(q, k, v, g, i, state=None):
-    return kernels_fast.fast_core("xlstm", q, k, v, g, i, scale=K**-0.5, initial_state=state, output_final_state=True)
+    return LAYER.fast_core(q, k, v, g, i, initial_state=state, output_final_state=True)
 
 
 def run_torch(q, k, v, g, i, state=None):
@@ -88,15 +90,15 @@ def test_mlstm_wrapper_decode_step_continues_the_prefill():
 
 def test_mlstm_wrapper_trains_the_kernels_in_fp32(monkeypatch):
     """bf16 training inputs reach the chunkwise kernel as fp32 (its bf16 backward loses the forget-gate gradient,
-    see kernels_fast._mlstm); the output comes back in the input dtype; no-grad inference stays bf16."""
+    see MLSTM._mlstm); the output comes back in the input dtype; no-grad inference stays bf16."""
     seen = []
-    chunkwise = kernels_fast.mlstm_chunkwise__xl_chunk
+    chunkwise = MLSTM.fast_kernels._loaded["chunk"]
 
     def recording(q, k, v, *a, **kw):  # (the torch reference wants one dtype; the Triton kernels take mixed ones)
         seen.append(q.dtype)
         return chunkwise(q.float(), k.float(), v.float(), *a, **kw)
 
-    monkeypatch.setattr(kernels_fast, "mlstm_chunkwise__xl_chunk", recording)
+    monkeypatch.setitem(MLSTM.fast_kernels._loaded, "chunk", recording)
     q, k, v, g, i = mlstm_inputs(32)
     q, k, v = (x.bfloat16().requires_grad_(True) for x in (q, k, v))
     o, _ = run_fast(q, k, v, g, i)

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 import linzoo
+from linzoo.convert import fresh_parameters
 from linzoo.modeling import LinzooConfig, LinzooForCausalLM
 from linzoo.modeling.linear_ops import torch_chunk, torch_recurrent
 
@@ -48,6 +49,7 @@ NEW_PARAMS = {
     "gated_deltanet": _DELTA | {"a_proj.weight", "A_log", "dt_bias"},
     "kda": _DELTA | {"f_proj.0.weight", "f_proj.1.weight", "A_log", "dt_bias"},
     "xlstm": {"o_norm.weight", "igate.weight", "igate.bias", "fgate.weight", "fgate.bias"},
+    "mamba2": {"o_norm.weight", "dt_proj.weight", "A_log", "dt_bias"} | _CONV,
 }
 # First factors of low-rank gates whose second factor starts at zero: no gradient at init, by design.
 ZERO_GRAD_AT_INIT = {"gla": {"gk_proj.0.weight"}, "kda": {"f_proj.0.weight"}}
@@ -250,7 +252,7 @@ def _gates_near_one(attn, H):
     assert ((dt >= 1e-3 * (1 - 1e-4)) & (dt <= 0.1 * (1 + 1e-4))).all(), dt
 
 
-INIT_CHECKS = {  # the documented start of each mixer's new parameters (modeling/mixers.py)
+INIT_CHECKS = {  # the documented start of each mixer's new parameters (modeling/mixer_<name>.py)
     "linear_attn": {},
     "retnet": {"log_gamma": lambda a, H: (1 - 2.0 ** (-5.0 - torch.arange(H))).log()},
     "gla": {"gk_proj.1.weight": 0.0, "gk_proj.1.bias": 3.0},
@@ -259,6 +261,7 @@ INIT_CHECKS = {  # the documented start of each mixer's new parameters (modeling
     "kda": {"b_proj.weight": 0.0, "b_proj.bias": 0.0, "f_proj.1.weight": 0.0, "decay": _gates_near_one},
     "xlstm": {"igate.weight": 0.0, "igate.bias": -10.0, "fgate.weight": 0.0,
               "fgate.bias": lambda a, H: torch.linspace(3.0, 6.0, H)},
+    "mamba2": {"dt_proj.weight": 0.0, "decay": _gates_near_one},
 }
 
 
@@ -423,8 +426,8 @@ def test_packed_sequences_with_padding_mask_raise():
 # 4. save_pretrained -> AutoModelForCausalLM.from_pretrained(trust_remote_code=True) in a fresh process
 # ------------------------------------------------------------------------------------------------
 
-REMOTE_CODE_FILES = {"configuration_linzoo.py", "modeling_linzoo.py", "mixers.py", "kernels.py", "kernels_fast.py",
-                     "linear_ops.py"}
+REMOTE_CODE_FILES = {"configuration_linzoo.py", "modeling_linzoo.py", "mixers.py", "mixer_base.py", "kernels.py",
+                     "linear_ops.py", *(f"mixer_{name}.py" for name in linzoo.MIXERS)}
 OPTIONAL_KERNEL_PACKAGES = {"fla", "mlstm_kernels"}
 FORBIDDEN_NAMES = {"subprocess", "urllib", "urllib3", "requests", "socket", "http", "httpx", "aiohttp"}
 
@@ -632,7 +635,7 @@ def test_linearize_copies_every_teacher_tensor(mixer, llama_teacher):
     assert {"embed_tokens", "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
             "input_layernorm", "post_attention_layernorm", "norm", "lm_head"} <= kinds
     assert student.config.mixer == mixer and student.config.teacher == "tiny/llama-teacher"
-    assert set(student.linzoo_fresh_parameters) == set(new_params(student))
+    assert set(fresh_parameters(student)) == set(new_params(student))
     assert all(torch.isfinite(p).all() for p in student.parameters())
     with torch.no_grad():
         assert student(torch.randint(1, VOCAB, (1, 9))).logits.isfinite().all()
@@ -745,12 +748,12 @@ class _FusedCE:  # fla.modules.FusedCrossEntropyLoss: [N, V] logits, [N] targets
 
 @pytest.mark.parametrize("mixer", ["gated_deltanet", "linear_attn"])  # short conv + delta rule; neither
 def test_fused_ops_plumbing(mixer, monkeypatch):
-    """With `use_fused_ops` on, every RMSNorm, SwiGLU, short conv and the loss go through `kernels_fast`'s fla
+    """With `use_fused_ops` on, every RMSNorm, SwiGLU, short conv and the loss go through `kernels`' fla
     wrappers. Torch stand-ins with fla's documented semantics take the kernels' place: the model must give the
     torch path's logits, loss (mean, and summed over `num_items_in_batch`) and gradients, packed rows included.
     (That fla's kernels meet those semantics: scripts/fused_ops_interpreter_check.py runs them on CPU through
     Triton's interpreter; on the GPU, scripts/bench_speed.py's whole-model parity.)"""
-    from linzoo.modeling import kernels_fast, mixers, modeling_linzoo
+    from linzoo.modeling import kernels, mixer_base, modeling_linzoo
 
     calls = {"norm": 0, "swiglu": 0, "conv": 0, "ce": 0}
 
@@ -763,10 +766,10 @@ def test_fused_ops_plumbing(mixer, monkeypatch):
     def rms(x, w, b, eps):
         return (w * (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps))).to(x.dtype)
 
-    monkeypatch.setattr(kernels_fast, "rms_norm", count("norm", rms), raising=False)
-    monkeypatch.setattr(kernels_fast, "swiglu", count("swiglu", lambda g, u: F.silu(g) * u), raising=False)
-    monkeypatch.setattr(kernels_fast, "causal_conv1d", count("conv", _fla_causal_conv1d), raising=False)
-    monkeypatch.setattr(kernels_fast, "FusedCrossEntropyLoss", count("ce", _FusedCE), raising=False)
+    monkeypatch.setattr(kernels.FUSED_OPS, "_loaded", {
+        "rms_norm": count("norm", rms), "swiglu": count("swiglu", lambda g, u: F.silu(g) * u),
+        "causal_conv1d": count("conv", _fla_causal_conv1d), "cross_entropy": count("ce", _FusedCE),
+    })
 
     model = tiny_model(mixer).train()
     ids = torch.randint(1, VOCAB, (2, 21))
@@ -784,7 +787,7 @@ def test_fused_ops_plumbing(mixer, monkeypatch):
         return out.logits.detach(), out.loss.detach(), grads, packed.detach()
 
     ref = [run(), run(num_items_in_batch=torch.tensor(30))]
-    monkeypatch.setattr(mixers, "use_fused_ops", lambda config, device: True)
+    monkeypatch.setattr(mixer_base, "use_fused_ops", lambda config, device: True)
     monkeypatch.setattr(modeling_linzoo, "use_fused_ops", lambda config, device: True)
     fused = [run(), run(num_items_in_batch=torch.tensor(30))]
     L = model.config.num_hidden_layers

@@ -70,10 +70,9 @@ def to_prompt_completion(example):
 
 
 def save_with_lineage(model, tokenizer, out, stage, parent, record):
-    """Save a loadable folder (weights, modeling files, tokenizer) and `linzoo_training.json`."""
+    """Save a loadable folder (weights, modeling files, tokenizer) and its lineage, `linzoo_training.json`:
+    the stage (base / instruct / instruct-distilled), the parent it was trained from, and the run's record."""
     out = Path(out)
-    model.config.linzoo_stage = stage
-    model.config.linzoo_parent = parent
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     (out / "linzoo_training.json").write_text(json.dumps({"stage": stage, "parent": parent, **record}, indent=1))

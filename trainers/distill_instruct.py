@@ -18,10 +18,6 @@ from .linearize_trainer import KnowledgeDistillationTrainer
 from .sft import chat_splits
 
 
-class InstructDistillationTrainer(KnowledgeDistillationTrainer):
-    """Stage-3 KD on chat completions: the collator's labels (-100 on prompts) select the distilled tokens."""
-
-
 def main(argv=None):
     from ..loading import load_model, load_teacher
 
@@ -37,7 +33,7 @@ def main(argv=None):
         data = data.map(lambda ex: {"messages": ex["prompt"] + ex["completion"]}, remove_columns=["prompt", "completion"])
         trainer_cls = GKDTrainer
     else:
-        trainer_cls = InstructDistillationTrainer
+        trainer_cls = KnowledgeDistillationTrainer  # stage 3's loss; the collator's labels (-100 on prompts) pick the completions
     trainer = trainer_cls(model=model, teacher_model=teacher, args=args, train_dataset=data,
                           processing_class=tokenizer, peft_config=get_peft_config(model_args))
     return train_and_save(trainer, model, tokenizer, args, model_args, "instruct-distilled",

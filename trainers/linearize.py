@@ -2,7 +2,7 @@
 
     linzoo linearize --teacher embedded --mixer gated_deltanet --total_tokens 20000000 \
         --max_seq_length 2048 --per_device_train_batch_size 8 --bf16 true --output_dir runs/gdn-135m
-    linzoo linearize --config recipes/135m/gated_deltanet.yaml          # YAML < flags
+    linzoo linearize --config recipes/135m/linearize.yaml --mixer gla   # YAML < flags
 
 Stages (budget split by --stage_fractions, default 0.1/0.2/0.7): 1 attention transfer (only mixers
 train), 2 hidden-state alignment, 3 knowledge distillation. Each stage checkpoints under
@@ -104,6 +104,7 @@ def run_stage(index, student, teacher, tokenizer, dataset, args):
 
 def linearize_run(args: LinearizeConfig):
     from .. import linearize, load_teacher
+    from ..convert import fresh_parameters
     from ..data import load_text_dataset, pack_dataset
     from ..modeling import LinzooForCausalLM
 
@@ -136,6 +137,7 @@ def linearize_run(args: LinearizeConfig):
         "stage_fractions": args.stage_fractions, "stage_learning_rates": args.stage_learning_rates,
         "kd_temperature": args.kd_temperature, "kd_alpha": args.kd_alpha,
         "tokens": {s["stage"]: s["tokens"] for s in summaries}, "stages": summaries,
+        "new_parameters": sorted({name.split(".self_attn.")[1] for name in fresh_parameters(student)}),
     }
     if int(os.environ.get("RANK", 0)) == 0:  # one writer under torchrun / accelerate launch
         save_with_lineage(student, tokenizer, out, "base", student.config.teacher, record)

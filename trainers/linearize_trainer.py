@@ -5,6 +5,7 @@ Each overrides only `compute_loss`; the losses are static methods with their own
 
 import contextlib
 import time
+from collections import defaultdict
 
 import torch
 import torch.nn.functional as F
@@ -34,11 +35,16 @@ class TeacherStudentTrainer(SFTTrainer):
         self._tokens = 0  # input tokens (all processes) since the last training log
         self._throughput_mark = None
         self.throughput_log = []  # tokens/s of every logging interval after the first (warm-up) one
+        self._loss_terms = defaultdict(list)  # the KD loss's CE and KL per step, kept on device until a log
 
     def log(self, logs, start_time=None):
-        """Adds `tokens_per_second` (all processes, over the interval since the previous log) to training logs.
+        """Adds the loss terms (`ce`, `kl`) and `tokens_per_second` (all processes, over the interval since the
+        previous log) to training logs.
         The first interval, which holds kernel compilation and the resume's data skipping, is not reported."""
         if "loss" in logs:
+            for name, values in self._loss_terms.items():
+                logs[name] = round(torch.stack(values).mean().item(), 4)
+            self._loss_terms.clear()
             now = time.perf_counter()
             if self._throughput_mark is not None:
                 logs["tokens_per_second"] = round(self._tokens / (now - self._throughput_mark))
@@ -57,7 +63,8 @@ class TeacherStudentTrainer(SFTTrainer):
         return loss
 
     def _log_metric(self, name, value):
-        self._metrics["train" if self.model.training else "eval"][name].append(float(value))
+        """Averaged into the next training log; a tensor stays on its device (no host sync per step)."""
+        self._loss_terms[name].append(value.detach().float())
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         self._tokens += inputs["input_ids"].numel() * self.accelerator.num_processes
@@ -78,17 +85,51 @@ def _layer_io(model, input_ids, attention_mask):
             with_kwargs=True,
         ))
     try:
-        model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=1)
     finally:
         for h in hooks:
             h.remove()
     return captured
 
 
+def teacher_forced_mixers(model, blocks, layer_inputs, input_ids, attention_mask):
+    """Outputs of the student's mixers in `blocks` (its decoder layers) at the indices of `layer_inputs`
+    ({layer: input}), each fed its teacher's layer input (attention transfer).
+
+    The student runs its own forward (so DDP/FSDP wrappers stay in charge of gradient sync and sharding) while
+    hooks swap each mixer's input for the teacher's, keep its output, and cut the autograd graph after every
+    decoder layer: only the mixers' own computations are kept for backward.
+    """
+    layers = list(layer_inputs)
+    outputs, hooks = {}, []
+
+    def feed(i):
+        def hook(module, args, kwargs):
+            kwargs.pop("hidden_states", None)
+            return (layer_inputs[i],) + tuple(args[1:]), kwargs
+        return hook
+
+    def keep(i):
+        return lambda module, args, out: outputs.__setitem__(i, out)
+
+    try:
+        for i in layers:
+            hooks.append(blocks[i].self_attn.register_forward_pre_hook(feed(i), with_kwargs=True))
+            hooks.append(blocks[i].self_attn.register_forward_hook(keep(i)))
+        for block in blocks:
+            hooks.append(block.register_forward_hook(lambda module, args, out: out.detach()))
+        model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=1)
+    finally:
+        for h in hooks:
+            h.remove()
+    return [outputs[i] for i in layers]
+
+
 class AttentionTransferTrainer(TeacherStudentTrainer):
     """Stage 1: each student mixer reproduces its teacher attention's output, given the teacher's layer input.
 
-    Teacher-forced and per layer, so layers train independently; only mixer parameters require grad.
+    Teacher-forced and per layer, so layers train independently; only mixer parameters require grad. Layers kept
+    as softmax attention (a hybrid's `attn_layers`) are the teacher's own and are left out of the loss.
     """
 
     @staticmethod
@@ -110,10 +151,13 @@ class AttentionTransferTrainer(TeacherStudentTrainer):
 
     def stage_loss(self, model, inputs):
         ids, mask = inputs["input_ids"], inputs.get("attention_mask")
+        unwrapped = self.accelerator.unwrap_model(model)
+        config = unwrapped.config
+        layers = [i for i in range(config.num_hidden_layers) if i not in config.attn_layers]  # softmax layers: as is
         with torch.no_grad():
             io = _layer_io(self.teacher_model, ids, mask)
-        student = model(layer_inputs=[x.detach() for x, _ in io], attention_mask=mask).hidden_states
-        return self.attention_transfer_loss(student, [y for _, y in io], None if mask is None else mask.float())
+        student = teacher_forced_mixers(model, unwrapped.model.layers, {i: io[i][0] for i in layers}, ids, mask)
+        return self.attention_transfer_loss(student, [io[i][1] for i in layers], None if mask is None else mask.float())
 
 
 class HiddenAlignmentTrainer(TeacherStudentTrainer):
@@ -192,6 +236,6 @@ class KnowledgeDistillationTrainer(TeacherStudentTrainer):
             student, teacher, unwrapped.get_output_embeddings(), self.teacher_model.get_output_embeddings(),
             shifted, self.args.kd_temperature, self.args.kd_alpha, self.args.kd_chunk_size,
         )
-        self._log_metric("ce", ce.item())
-        self._log_metric("kl", kl.item())
+        self._log_metric("ce", ce)
+        self._log_metric("kl", kl)
         return loss

@@ -1,0 +1,206 @@
+"""What every token mixer shares: the teacher's q/k/v/o projections, an optional short convolution, the one
+recurrence of `linear_ops` (through `kernels.linear_core`) and a per-head output norm.
+
+A mixer is one small class in its own file (`mixer_<name>.py`) that declares its facts — name, recurrence in
+words, fast kernels, defaults, benchmark peer — and picks the decay `g`, the strength `beta` and the delta rule;
+`mixers.py` registers it, and the config, kernel dispatch, cards, Space, tests, recipes and benchmark read
+those facts from there.
+
+New parameters are initialised so a fresh student starts close to the teacher: gates start near 1
+(slow decay), short convolutions start as the identity, output norms start at 1.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import initialization as init
+
+from .kernels import fused_rms_norm, fused_short_conv, linear_core, use_fused_ops
+
+# Below this many new tokens and without autograd, decode with the fused-recurrent kernels (as fla's layers do).
+RECURRENT_MAX_LEN = 64
+
+
+def init_decay(A_log, dt_bias):
+    """As fla / Mamba2: A ~ U(1, 16); dt ~ logU(1e-3, 1e-1) stored through an inverse softplus."""
+    init.copy_(A_log, torch.empty(A_log.shape).uniform_(1, 16).log())
+    dt = torch.exp(torch.rand(dt_bias.shape) * (math.log(0.1) - math.log(0.001)) + math.log(0.001))
+    init.copy_(dt_bias, dt + torch.log(-torch.expm1(-dt)))
+
+
+class RMSNorm(nn.Module):
+    """Llama's RMSNorm; with a `config` whose kernels run on CUDA (`use_fused_ops`), fla's fused kernel."""
+
+    def __init__(self, dim, eps=1e-5, config=None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+        self.config = config
+
+    def forward(self, x):
+        if self.config is not None and use_fused_ops(self.config, x.device):
+            return fused_rms_norm(x, self.weight, self.eps)
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class ShortConv(nn.Module):
+    """Causal depthwise convolution over time, initialised to the identity (weight 1 on the current token)."""
+
+    def __init__(self, channels, size):
+        super().__init__()
+        self.size = size
+        self.weight = nn.Parameter(torch.zeros(channels, size))
+        self.reset_new_parameters()
+
+    def reset_new_parameters(self):
+        identity = torch.zeros_like(self.weight)
+        identity[:, -1] = 1.0
+        init.copy_(self.weight, identity)
+
+    def forward(self, x, cache=None, layer_idx=None, seq_idx=None, cu_seqlens=None, fused=False):
+        """x: [B, T, C]. With a cache, prepends the cached inputs and stores the newest `size` ones.
+
+        `fused`: fla's causal_conv1d kernel, packed rows split by `cu_seqlens` instead of `seq_idx`.
+        """
+        T = x.shape[1]
+        if cache is not None:
+            x = cache.update_conv_state(x.transpose(1, 2), layer_idx, conv_kernel_size=self.size).transpose(1, 2)
+        if fused:
+            return fused_short_conv(x, self.weight, cu_seqlens)[:, -T:]
+        # Tap j looks j steps back; with packed sequences (seq_idx) a tap never crosses a boundary.
+        # The weight takes x's dtype, so under bf16 autocast q, k, v stay bf16 for the kernels (as fla's conv).
+        weight = self.weight.to(x.dtype)
+        out = x * weight[:, -1]
+        for j in range(1, self.size):
+            shifted = F.pad(x, (0, 0, j, 0))[:, : x.shape[1]]
+            if seq_idx is not None:
+                shifted = shifted * (F.pad(seq_idx, (j, 0), value=-1)[:, : x.shape[1]] == seq_idx).unsqueeze(-1)
+            out = out + shifted * weight[:, -1 - j]
+        return F.silu(out[:, -T:])
+
+
+class LinearMixer(nn.Module):
+    """Shared body: projections (teacher's), optional short conv, features, the recurrence, per-head norm.
+
+    A subclass declares (class attributes, read by the registry and everything derived from it):
+        name, title, recurrence, new_parameters: its config value, display name, recurrence and new
+            parameters in words (cards, README);
+        fast_kernels: a `kernels.FastKernels` with `chunk` and `recurrent` functions (or its own `fast_core`);
+        short_conv: whether the short convolution is on by default; delta, qk_l2norm: the delta rule and
+            L2-normalised q, k; state_value_columns: extra value columns its state carries;
+        fla_peer: (config class, model class, extra kwargs) of fla's own model, for the speed benchmark.
+    and overrides `gates`, `features`, `readout`, `fast_call` as it needs.
+    """
+
+    name = title = recurrence = new_parameters = None
+    fast_kernels = None
+    short_conv = False
+    delta = False
+    qk_l2norm = False
+    state_value_columns = 0
+    fla_peer = None
+
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.num_heads = H = config.num_attention_heads
+        self.num_kv_heads = Hkv = config.num_key_value_heads
+        self.head_dim = D = config.head_dim
+        self.scale = D**-0.5
+        hidden = config.hidden_size
+        self.q_proj = nn.Linear(hidden, H * D, bias=False)
+        self.k_proj = nn.Linear(hidden, Hkv * D, bias=False)
+        self.v_proj = nn.Linear(hidden, Hkv * D, bias=False)
+        self.o_proj = nn.Linear(H * D, hidden, bias=False)
+        self.conv = ShortConv((H + 2 * Hkv) * D, config.conv_size) if config.use_short_conv else None
+        self.o_norm = RMSNorm(D, eps=config.rms_norm_eps, config=config)
+
+    @classmethod
+    def state_shapes(cls, config):
+        """Per-layer cache tensors (without batch): the recurrent state [H, K, V] (fp32) and the conv window."""
+        H, Hkv, D = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        shapes = {"recurrent": (H, D, D + cls.state_value_columns)}
+        if config.use_short_conv:
+            shapes["conv"] = ((H + 2 * Hkv) * D, config.conv_size)
+        return shapes
+
+    def gates(self, x):
+        """Returns (g, beta) for hidden states x [B, T, hidden]; g is log-decay [B,T,H] or [B,T,H,K]."""
+        return None, None
+
+    def features(self, q, k, v):
+        return q, k, v
+
+    def readout(self, o):
+        return o
+
+    def fast_call(self, fns, recurrent, q, k, v, g, beta, **common):
+        """Calls this mixer's fla kernel (`fns["recurrent"]` for short no-grad decoding, else `fns["chunk"]`)."""
+        return fns["recurrent" if recurrent else "chunk"](q, k, v, **common)
+
+    def fast_core(self, q, k, v, g, beta, *, initial_state=None, output_final_state=False, cu_seqlens=None):
+        """The recurrence on the CUDA kernels: exactly what `linear_ops.torch_chunk` computes, same state layout
+        [B, H, K, V] in fp32."""
+        recurrent = q.shape[1] <= RECURRENT_MAX_LEN and not torch.is_grad_enabled()
+        common = dict(scale=self.scale, initial_state=None if initial_state is None else initial_state.float(),
+                      output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+        if self.qk_l2norm:
+            common["use_qk_l2norm_in_kernel"] = True
+        if beta is not None:
+            beta = beta.to(q.dtype)
+        return self.fast_call(self.fast_kernels.load(), recurrent, q, k, v, g, beta, **common)
+
+    def forward(self, hidden_states, attention_mask=None, cache=None, seq_idx=None, cu_seqlens=None):
+        x = hidden_states
+        if attention_mask is not None:
+            # Padding writes nothing: with zero inputs k = v = 0 and the (still zero) state stays zero.
+            x = x * attention_mask[:, -x.shape[1] :, None].to(x.dtype)
+        B, T, _ = x.shape
+        H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.conv is not None:
+            fused = use_fused_ops(self.config, x.device)
+            q, k, v = self.conv(torch.cat([q, k, v], -1), cache, self.layer_idx, seq_idx, cu_seqlens, fused).split(
+                [H * D, Hkv * D, Hkv * D], -1
+            )
+        q = q.view(B, T, H, D)
+        k = k.view(B, T, Hkv, D).repeat_interleave(H // Hkv, dim=2)
+        v = v.view(B, T, Hkv, D).repeat_interleave(H // Hkv, dim=2)
+        q, k, v = self.features(q, k, v)
+        g, beta = self.gates(x)
+
+        state = None
+        if cache is not None and cache.layers[self.layer_idx].is_recurrent_states_initialized[0]:
+            state = cache.layers[self.layer_idx].recurrent_states[0]
+        o, new_state = linear_core(self.config, self, q, k, v, g, beta, initial_state=state,
+                                   output_final_state=cache is not None, cu_seqlens=cu_seqlens)
+        if cache is not None:
+            cache.update_recurrent_state(new_state, self.layer_idx)
+        o = self.o_norm(self.readout(o))
+        return self.o_proj(o.reshape(B, T, H * D))
+
+
+class DeltaRuleMixer(LinearMixer):
+    """The delta rule's shared part: erase before write with strength beta_t = sigmoid(w.x_t + b), q and k
+    L2-normalised, short convolution on by default (as fla's delta-rule layers)."""
+
+    short_conv = True
+    delta = True
+    qk_l2norm = True
+
+    def __init__(self, config, layer_idx):
+        super().__init__(config, layer_idx)
+        self.b_proj = nn.Linear(config.hidden_size, self.num_heads, bias=True)
+
+    def reset_new_parameters(self):
+        init.zeros_(self.b_proj.weight)
+        init.zeros_(self.b_proj.bias)  # beta = 0.5
+
+    def beta(self, x):
+        return torch.sigmoid(self.b_proj(x).float())

@@ -1,0 +1,22 @@
+"""DeltaNet (Schlag et al., 2021; Yang et al., 2024): the delta rule without decay."""
+
+from .kernels import FastKernels
+from .mixer_base import DeltaRuleMixer
+
+
+class DeltaNet(DeltaRuleMixer):
+    """S_t = (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T, q and k L2-normalised, beta_t = sigmoid(w.x_t)."""
+
+    name = "deltanet"
+    title = "DeltaNet"
+    recurrence = "S_t = (I − β_t k_t k_tᵀ) S_{t-1} + β_t k_t v_tᵀ: the delta rule erases before it writes"
+    new_parameters = "β, short conv"
+    fast_kernels = FastKernels("the deltanet kernels", chunk="fla.ops.delta_rule.chunk_delta_rule",
+                               recurrent="fla.ops.delta_rule.fused_recurrent_delta_rule")
+    fla_peer = ("DeltaNetConfig", "DeltaNetForCausalLM", dict(expand_k=1, expand_v=1))
+
+    def gates(self, x):
+        return None, self.beta(x)
+
+    def fast_call(self, fns, recurrent, q, k, v, g, beta, **common):
+        return fns["recurrent" if recurrent else "chunk"](q, k, v, beta=beta, **common)

@@ -1,0 +1,43 @@
+"""Kimi Delta Attention (Kimi Linear, 2025): the delta rule with a per-channel decay."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import initialization as init
+
+from .kernels import FastKernels
+from .mixer_base import DeltaRuleMixer, init_decay
+
+
+class KDA(DeltaRuleMixer):
+    """S_t = (I - beta_t k_t k_t^T) Diag(alpha_t) S_{t-1} + beta_t k_t v_t^T, per-channel alpha."""
+
+    name = "kda"
+    title = "Kimi Delta Attention"
+    recurrence = "S_t = (I − β_t k_t k_tᵀ) Diag(α_t) S_{t-1} + β_t k_t v_tᵀ, per-channel α_t"
+    new_parameters = "per-channel α, β, short conv"
+    fast_kernels = FastKernels("the kda kernels", chunk="fla.ops.kda.chunk_kda",
+                               recurrent="fla.ops.kda.fused_recurrent_kda")
+    fla_peer = ("KDAConfig", "KDAForCausalLM", dict(head_dim=64, expand_v=1))
+
+    def __init__(self, config, layer_idx):
+        super().__init__(config, layer_idx)
+        r = config.gate_low_rank_dim
+        HD = self.num_heads * self.head_dim
+        self.f_proj = nn.Sequential(nn.Linear(config.hidden_size, r, bias=False), nn.Linear(r, HD, bias=False))
+        self.A_log = nn.Parameter(torch.zeros(self.num_heads))
+        self.dt_bias = nn.Parameter(torch.zeros(HD))
+
+    def reset_new_parameters(self):
+        super().reset_new_parameters()
+        init.zeros_(self.f_proj[1].weight)
+        init_decay(self.A_log, self.dt_bias)
+
+    def gates(self, x):
+        B, T, _ = x.shape
+        f = (self.f_proj(x).float() + self.dt_bias).view(B, T, self.num_heads, self.head_dim)
+        g = -self.A_log.float().exp()[:, None] * F.softplus(f)
+        return g, self.beta(x)
+
+    def fast_call(self, fns, recurrent, q, k, v, g, beta, **common):
+        return fns["recurrent" if recurrent else "chunk"](q, k, v, g=g, beta=beta, **common)

@@ -1,0 +1,46 @@
+"""Mamba-2's state-space duality (Dao & Gu, 2024): a scalar per-head decay tied to an input-dependent step.
+
+In Mamba-2's names C_t = q_t, B_t = k_t, x_t = v_t (the teacher's projections, through the short convolution
+with SiLU as Mamba-2's conv1d), Δ_t = softplus(a·x_t + dt_bias) and decay exp(−e^A Δ_t). Mamba-2's D skip and
+z-gated norm are left out: the per-head output norm plays the norm's part, as for the other mixers.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import initialization as init
+
+from .kernels import FastKernels
+from .mixer_base import LinearMixer, init_decay
+
+
+class Mamba2(LinearMixer):
+    """S_t = exp(-exp(A) dt_t) S_{t-1} + dt_t k_t v_t^T, dt_t = softplus(a.x_t + dt_bias) per head."""
+
+    name = "mamba2"
+    title = "Mamba-2 (SSD)"
+    recurrence = "S_t = exp(−e^A Δ_t) S_{t-1} + Δ_t k_t v_tᵀ, per-head step Δ_t = softplus(a·x_t + dt)"
+    new_parameters = "A_log, dt, Δ projection, short conv"
+    # SSD with a scalar decay per head is fla's simple GLA with the step folded into v.
+    fast_kernels = FastKernels("the mamba2 kernels", chunk="fla.ops.simple_gla.chunk_simple_gla",
+                               recurrent="fla.ops.simple_gla.fused_recurrent_simple_gla")
+    short_conv = True
+    # fla's Mamba-2 has no MLP blocks; expand=1 keeps its heads at the 135M shape's 9 x 64.
+    fla_peer = ("Mamba2Config", "Mamba2ForCausalLM", dict(head_dim=64, expand=1, state_size=64))
+
+    def __init__(self, config, layer_idx):
+        super().__init__(config, layer_idx)
+        self.dt_proj = nn.Linear(config.hidden_size, self.num_heads, bias=False)
+        self.A_log = nn.Parameter(torch.zeros(self.num_heads))
+        self.dt_bias = nn.Parameter(torch.zeros(self.num_heads))
+
+    def reset_new_parameters(self):
+        init.zeros_(self.dt_proj.weight)
+        init_decay(self.A_log, self.dt_bias)
+
+    def gates(self, x):
+        dt = F.softplus(self.dt_proj(x).float() + self.dt_bias)
+        return -self.A_log.float().exp() * dt, dt
+
+    def fast_call(self, fns, recurrent, q, k, v, g, beta, **common):
+        return fns["recurrent" if recurrent else "chunk"](q, k, v * beta.unsqueeze(-1), g=g, **common)
