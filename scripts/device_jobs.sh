@@ -52,7 +52,7 @@ linearize() {  # mixer tokens [extra flags...]: starts it in the background unle
   if [ -f "/tmp/runs/$m/linzoo_training.json" ]; then echo "$m: finished already"; return; fi
   if ! flock -n "/tmp/runs/$m.lock" true; then echo "$m: still running (from an earlier call)"; return; fi
   echo "$m: starting (or resuming)"
-  setsid nohup flock -o "/tmp/runs/$m.lock" python3 -m linzoo.cli linearize --config "$R/recipes/135m/$m.yaml" \
+  setsid nohup flock -o "/tmp/runs/$m.lock" python3 -m linzoo.cli linearize --config "$R/recipes/135m/linearize.yaml" --mixer "$m" \
     --teacher embedded --total_tokens "$tokens" --output_dir "/tmp/runs/$m" --disable_tqdm true --report_to none \
     --save_steps 100 --save_total_limit 1 "$@" ${TRAIN_ARGS:-} >"/tmp/runs/$m.$(date +%s).log" 2>&1 </dev/null &
   for _ in $(seq 100); do flock -n "/tmp/runs/$m.lock" true || return 0; sleep 0.1; done  # until it holds the lock

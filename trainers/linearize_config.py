@@ -1,10 +1,11 @@
 """Configuration of the three linearization stages (one config; each stage trainer reads its fields)."""
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from trl import SFTConfig
 
-from ..modeling.configuration_linzoo import MIXERS
+from ..modeling.mixers import DEFAULT_MIXER, MIXERS
 from .common import KDArguments, default_bf16
 
 
@@ -19,7 +20,10 @@ class LinearizeConfig(SFTConfig, KDArguments):
     """
 
     teacher: str = field(default="embedded", metadata={"help": "Teacher: Hub id, local folder, .gguf file or 'embedded'."})
-    mixer: str = field(default="gated_deltanet", metadata={"help": f"Token mixer, one of {', '.join(MIXERS)}."})
+    mixer: str = field(default=DEFAULT_MIXER, metadata={"help": f"Token mixer, one of {', '.join(MIXERS)}."})
+    output_dir: str | None = field(
+        default=None, metadata={"help": "Where the student (and each stage's checkpoints) go; default runs/<teacher>/<mixer>/base."}
+    )
     attn_layers: list[int] = field(
         default_factory=list, metadata={"help": "Layer indices that keep softmax attention (hybrid student)."}
     )
@@ -58,6 +62,9 @@ class LinearizeConfig(SFTConfig, KDArguments):
         if self.total_tokens <= 0 or self.max_seq_length <= 0:
             raise ValueError("total_tokens and max_seq_length must be positive.")
         self.check_kd()
+        if self.output_dir is None:
+            teacher = Path(self.teacher).name.removesuffix(".gguf")
+            self.output_dir = str(Path("runs") / teacher / self.mixer / "base")
         self.max_length = self.max_seq_length
         default_bf16(self)
         super().__post_init__()

@@ -102,6 +102,9 @@ def teacher_forced_mixers(model, blocks, layer_inputs, input_ids, attention_mask
     """
     layers = list(layer_inputs)
     outputs, hooks = {}, []
+    # Only the mixers' own activations are kept, so gradient checkpointing has nothing to save here; and its
+    # recomputation in backward would run the layers again without these hooks.
+    checkpointing = [getattr(block, "gradient_checkpointing", False) for block in blocks]
 
     def feed(i):
         def hook(module, args, kwargs):
@@ -118,10 +121,13 @@ def teacher_forced_mixers(model, blocks, layer_inputs, input_ids, attention_mask
             hooks.append(blocks[i].self_attn.register_forward_hook(keep(i)))
         for block in blocks:
             hooks.append(block.register_forward_hook(lambda module, args, out: out.detach()))
+            block.gradient_checkpointing = False
         model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=1)
     finally:
         for h in hooks:
             h.remove()
+        for block, on in zip(blocks, checkpointing):
+            block.gradient_checkpointing = on
     return [outputs[i] for i in layers]
 
 
