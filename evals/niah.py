@@ -276,6 +276,17 @@ class NiahArguments(ModelArguments):
     def __post_init__(self):
         if self.needle not in NEEDLES or self.prompt_format not in PROMPT_FORMATS:
             raise ValueError(f"--needle in {sorted(NEEDLES)}, --prompt_format in {PROMPT_FORMATS}")
+        # checked here, before any model loads (the grid itself is built only after loading)
+        for flag, value, cast, valid, want, example in (
+                ("--lengths", self.lengths, int, lambda v: v > 0, "positive token counts", "512,1024,2048"),
+                ("--depths", self.depths, float, lambda v: 0.0 <= v <= 1.0, "needle depths in [0, 1]", "0,0.5,1")):
+            try:
+                values = parse_list(value, cast)
+            except ValueError:
+                values = []
+            if not values or not all(map(valid, values)):
+                raise ValueError(f"{flag} {value!r}: give {want}, comma-separated, e.g. {flag} {example}")
+
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -1,6 +1,14 @@
-"""`linzoo` command line: one entry point, subcommands implemented by each module's `main(argv)`."""
+"""`linzoo` command line: one entry point, subcommands implemented by each module's `main(argv)`.
+
+An error ends in one line on stderr. A bad input (a ValueError, a missing or unreadable path, hub_cards'
+ReleaseError): `linzoo <command>: error: <message>`, exit code 2 (argparse's code for a usage error). Anything
+else: `linzoo <command>: unexpected <type>: <message> (re-run with --debug ...)`, exit code 1. `--debug` anywhere on
+the command line, or LINZOO_DEBUG=1, lets the exception through with its traceback. SystemExit (argparse's own
+errors, --help) and Ctrl-C pass untouched.
+"""
 
 import importlib
+import os
 import sys
 
 # subcommand -> (module, help). Each module exposes `main(argv: list[str] | None)`.
@@ -15,23 +23,64 @@ COMMANDS = {
     "push-zoo": ("linzoo.hub_cards.push_zoo", "upload the 7 x 3 zoo and its collection (dry-run by default)"),
     "space": ("linzoo.hub_cards.space", "run the NIAH Gradio Space locally"),
 }
+DEBUG_FLAG = "--debug"  # exactly this word; `--debug=...` still reaches TrainingArguments' own --debug option
+DEBUG_HINT = f"re-run with {DEBUG_FLAG} or LINZOO_DEBUG=1 for the traceback"
 
 
 def usage():
     lines = ["usage: linzoo <command> [options]   (linzoo <command> --help for its options)", "", "commands:"]
     lines += [f"  {name:18s} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", f"{DEBUG_FLAG} anywhere on the command line (or LINZOO_DEBUG=1) shows the traceback of an error"]
     return "\n".join(lines)
+
+
+def input_error_types() -> tuple[type[Exception], ...]:
+    """What linzoo raises for a bad argument, path or file: the message is meant for the person at the terminal.
+    Anything else is unexpected (a bug, a crash inside a library, out of memory) and gets the --debug hint."""
+    types = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+    release = sys.modules.get("linzoo.hub_cards.plan")  # not imported -> cannot have been raised
+    return types + ((release.ReleaseError,) if release else ())
+
+
+def raised_by_linzoo(err: BaseException) -> bool:
+    """Whether the innermost frame is linzoo's own code, i.e. a check we wrote, not one deep in a library."""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_globals.get("__name__", "").split(".")[0] == "linzoo"
+
+
+def error_line(prog: str, err: Exception, bad_input: bool) -> str:
+    message = " ".join(line.strip() for line in str(err).splitlines() if line.strip()) or type(err).__name__
+    if not bad_input:
+        return f"{prog}: unexpected {type(err).__name__}: {message} ({DEBUG_HINT})"
+    if not raised_by_linzoo(err):  # e.g. a ValueError from transformers: maybe the input, maybe a bug
+        return f"{prog}: error: {message} ({DEBUG_HINT})"
+    return f"{prog}: error: {message}"
+
+
+def run(name: str, argv: list[str], debug: bool) -> int:
+    prog = f"linzoo {name}"
+    sys.argv = [prog, *argv]
+    try:
+        result = importlib.import_module(COMMANDS[name][0]).main(argv)
+    except Exception as err:  # SystemExit (argparse, --help) and KeyboardInterrupt pass through untouched
+        if debug:
+            raise
+        bad_input = isinstance(err, input_error_types())
+        print(error_line(prog, err, bad_input), file=sys.stderr)
+        return 2 if bad_input else 1
+    return result if isinstance(result, int) else 0
 
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = DEBUG_FLAG in argv or os.environ.get("LINZOO_DEBUG", "").lower() not in ("", "0", "false", "no")
+    argv = [arg for arg in argv if arg != DEBUG_FLAG]
     for words in (2, 1):
         name = " ".join(argv[:words])
         if len(argv) >= words and name in COMMANDS:
-            module = importlib.import_module(COMMANDS[name][0])
-            sys.argv = [f"linzoo {name}", *argv[words:]]
-            result = module.main(argv[words:])
-            return result if isinstance(result, int) else 0
+            return run(name, argv[words:], debug)
     print(usage(), file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
     return 0 if argv[:1] in (["-h"], ["--help"]) else 2
 

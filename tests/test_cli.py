@@ -1,0 +1,152 @@
+"""`linzoo` on bad input, run as a user would (a subprocess): one line on stderr naming the fix, exit code 2,
+no traceback unless --debug / LINZOO_DEBUG=1.
+
+Every case must fail before a model loads or training starts (the quality cases pass the tiny test student, so
+a check that comes too late shows up as its loading bar rather than a long run), and none may download or
+convert a teacher: each run gets its own empty LINZOO_CACHE and offline Hub access, and must leave the cache
+empty. The runs start together (most of each is importing torch and transformers), the tests read their results.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+
+from linzoo import cli
+from linzoo.evals.niah import NiahArguments
+
+# name -> arguments, or (arguments, LINZOO_DEBUG); "{data}/…" and "{student}" are filled in by `runs`
+RUNS = {
+    "unknown mixer": ["linearize", "--mixer", "nope"],
+    "missing model": ["eval", "niah", "--model", "/no/such"],
+    "missing card folder": ["card", "/no/such", "--repo-id", "a/b"],
+    "negative NIAH length": ["eval", "niah", "--lengths", "-5"],
+    "push missing folder": ["push", "/no/such", "--repo-id", "a/b", "--dry-run"],
+    **{f"quality {kind} data_dir": ["eval", "quality", "--model", "{student}", "--data_dir", f"{{data}}/{kind}",
+                                    "--heldout_tokens", "0", "--limit", "1", "--device", "cpu"]
+       for kind in ("empty", "incomplete")},
+    "--debug": ["eval", "niah", "--lengths", "-5", "--debug"],
+    "LINZOO_DEBUG=1": (["eval", "niah", "--lengths", "-5"], "1"),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tiny_student_dir):
+    """name -> (exit code, stderr lines) of `python -m linzoo.cli ...` for every entry of RUNS."""
+    data = tmp_path_factory.mktemp("eval-data")
+    (data / "empty").mkdir()
+    (data / "incomplete").mkdir()
+    (data / "incomplete" / "lambada_openai.jsonl").write_text(
+        json.dumps({"context": "The pass key is", "continuation": "42"}) + "\n")
+    started = {}
+    for name, spec in RUNS.items():
+        args, debug = spec if isinstance(spec, tuple) else (spec, None)
+        cwd = tmp_path_factory.mktemp("run")
+        env = {k: v for k, v in os.environ.items() if k != "LINZOO_DEBUG"}
+        env.update(LINZOO_CACHE=str(cwd / "linzoo-cache"), HF_HUB_OFFLINE="1")
+        if debug:
+            env["LINZOO_DEBUG"] = debug
+        args = [a.format(data=data, student=tiny_student_dir) for a in args]
+        started[name] = (cwd, subprocess.Popen([sys.executable, "-m", "linzoo.cli", *args], cwd=cwd, env=env,
+                                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = {}
+    for name, (cwd, proc) in started.items():
+        _, stderr = proc.communicate(timeout=600)
+        cache = cwd / "linzoo-cache"
+        assert not cache.exists() or not any(cache.rglob("*")), f"{name}: fetched or converted something first"
+        results[name] = proc.returncode, stderr.splitlines()
+    return results
+
+
+def assert_one_line(result, prefix, *fix, exit_code=2):
+    code, lines = result
+    text = "\n".join(lines)
+    assert "Traceback" not in text, text
+    assert "Loading weights" not in text, f"a model loaded before the input was checked:\n{text}"
+    assert len(lines) == 1, text
+    assert lines[0].startswith(prefix), lines[0]
+    for words in fix:
+        assert words in lines[0], lines[0]
+    assert code == exit_code, (code, lines)
+
+
+# name -> the line's prefix, words that name the fix
+EXPECTED = {
+    "unknown mixer": ("linzoo linearize: error:", "nope", "gated_deltanet", "xlstm"),
+    "missing model": ("linzoo eval niah: error:", "/no/such", "folder", "Hub id", "embedded"),
+    "missing card folder": ("linzoo card: error:", "/no/such", "config.json"),
+    "negative NIAH length": ("linzoo eval niah: error:", "--lengths", "positive", "512,1024"),
+    "quality empty data_dir": ("linzoo eval quality: error:", "--data_dir", "lambada_openai.jsonl", "piqa.jsonl"),
+    "quality incomplete data_dir": ("linzoo eval quality: error:", "--data_dir", "winogrande.jsonl", "piqa.jsonl"),
+}
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_bad_input_is_one_line_naming_the_fix(runs, name):
+    assert_one_line(runs[name], *EXPECTED[name])
+
+
+def test_push_missing_folder_is_one_line(runs):
+    # push.py catches its own ReleaseError and returns 1 ("linzoo push: <message>"); raised to cli.py it gets 2
+    assert_one_line(runs["push missing folder"], "linzoo push:", "/no/such", "config.json", exit_code=1)
+
+
+@pytest.mark.parametrize("name", ["--debug", "LINZOO_DEBUG=1"])
+def test_debug_shows_the_traceback(runs, name):
+    code, lines = runs[name]
+    assert code == 1 and lines[0].startswith("Traceback"), "\n".join(lines)
+    assert lines[-1].startswith("ValueError: --lengths '-5'"), lines[-1]
+
+
+@pytest.mark.parametrize("lengths,depths", [("-5", "0"), ("0", "0"), ("512,abc", "0"), ("", "0"), ("512", "1.5"),
+                                            ("512", "-0.1"), ("512", "nan"), ("512", "")])
+def test_niah_arguments_refuse_bad_grids(lengths, depths):
+    with pytest.raises(ValueError, match="--lengths .*positive|--depths .*\\[0, 1\\]"):
+        NiahArguments(lengths=lengths, depths=depths)
+    NiahArguments(lengths="512, 1024,", depths="0, 0.5,1")  # spaces and a trailing comma are fine
+
+
+# In-process: what cli.py does with exceptions that no command raises on purpose.
+
+def fake_command(monkeypatch, main, module_name):
+    module = types.ModuleType(module_name)
+    module.main = main
+    monkeypatch.setitem(sys.modules, module_name, module)
+    monkeypatch.setitem(cli.COMMANDS, "fake", (module_name, "a test command"))
+    monkeypatch.delenv("LINZOO_DEBUG", raising=False)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # cli.main sets sys.argv for the command
+
+
+def test_unexpected_exception_is_one_line_with_the_debug_hint(monkeypatch, capsys):
+    def main(argv):
+        raise TypeError("unsupported operand")
+
+    fake_command(monkeypatch, main, "linzoo.fake")
+    assert cli.main(["fake"]) == 1
+    assert capsys.readouterr().err == ("linzoo fake: unexpected TypeError: unsupported operand (re-run with --debug or "
+                                       "LINZOO_DEBUG=1 for the traceback)\n")
+    with pytest.raises(TypeError):
+        cli.main(["fake", "--debug"])
+
+
+def test_input_error_from_inside_a_library_gets_the_debug_hint(monkeypatch, capsys):
+    def main(argv):  # the raising frame belongs to a module outside linzoo, as a check deep in transformers would
+        exec(compile("raise ValueError('bad shape\\n  (2, 3)')", "library.py", "exec"), {"__name__": "somelib"})
+
+    fake_command(monkeypatch, main, "somelib")
+    assert cli.main(["fake"]) == 2
+    assert capsys.readouterr().err == ("linzoo fake: error: bad shape (2, 3) (re-run with --debug or LINZOO_DEBUG=1 "
+                                       "for the traceback)\n")
+
+
+def test_help_and_argparse_errors_keep_their_behaviour(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["card", "--help"])
+    assert exit_.value.code == 0 and "usage: linzoo card" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["card", "--debug"])  # --debug is taken out; the missing folder is argparse's usage error
+    assert exit_.value.code == 2 and "linzoo card: error:" in capsys.readouterr().err
