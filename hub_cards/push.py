@@ -1,9 +1,9 @@
 """`linzoo push`: check one checkpoint folder and upload it with its generated model card.
 
-    linzoo push runs/gdn-135m --repo-id my-org/linzoo-gated-deltanet-base --dry-run   # the plan, no network
-    linzoo push runs/gdn-135m --repo-id my-org/linzoo-gated-deltanet-base             # after `hf auth login`
-    linzoo push runs/gdn-135m-sft --repo-id my-org/linzoo-gated-deltanet-instruct \
-        --base-model my-org/linzoo-gated-deltanet-base --create-pr
+    linzoo push runs/my-student --repo-id my-org/my-student-base --dry-run   # the plan, no network
+    linzoo push runs/my-student --repo-id my-org/my-student-base             # after `hf auth login`
+    linzoo push runs/my-student-sft --repo-id my-org/my-student-instruct \
+        --base-model my-org/my-student-base --create-pr
 
 Uploaded: the folder's top-level files and eval/, with README.md replaced by the regenerated card; other
 subfolders (stage checkpoints) stay home. Nothing is sent unless every check of `plan.py` passes.

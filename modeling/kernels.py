@@ -18,6 +18,7 @@ FAST_INSTALL_HINT = (
     "pip install 'linzoo[gpu]' (flash-linear-attention, fla-core, mlstm-kernels); on Hopper GPUs with "
     "Triton < 3.7.1 also pip install tilelang (or 'linzoo[hopper]')"
 )
+FAST_DEVICE_TYPES = ("cuda",)  # where the kernels run
 
 
 class FastKernels:
@@ -61,9 +62,10 @@ def use_fast_path(config, mixer, device):
     backend = config.kernel_backend
     if backend == "torch":
         return False
-    loaded = mixer.fast_kernels.load() if device.type == "cuda" else None
+    on_device = device.type in FAST_DEVICE_TYPES
+    loaded = mixer.fast_kernels.load() if on_device else None
     if backend == "fast" and loaded is None:
-        why = mixer.fast_kernels.reason if device.type == "cuda" else f"device is {device.type}"
+        why = mixer.fast_kernels.reason if on_device else f"device is {device.type}"
         raise RuntimeError(
             f"kernel_backend='fast' needs CUDA and the {mixer.name!r} kernels ({FAST_INSTALL_HINT}); {why}. "
             "Set config.kernel_backend='torch' or 'auto' to use the pure-torch path."
@@ -73,7 +75,7 @@ def use_fast_path(config, mixer, device):
 
 def use_fused_ops(config, device):
     """fla's fused RMSNorm, SwiGLU, short convolution and cross-entropy, wherever they imported (CUDA only)."""
-    return config.kernel_backend != "torch" and device.type == "cuda" and FUSED_OPS.load() is not None
+    return config.kernel_backend != "torch" and device.type in FAST_DEVICE_TYPES and FUSED_OPS.load() is not None
 
 
 def fused_rms_norm(x, weight, eps):

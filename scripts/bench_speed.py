@@ -18,8 +18,10 @@ import time
 import torch
 
 import linzoo
+from bench_utils import cuda_ms, rel
 from linzoo.graphs import GraphedDecoder
 from linzoo.loading import load_teacher
+from linzoo.modeling.mixers import MIXER_CLASSES
 
 SHAPE = dict(hidden_size=576, num_hidden_layers=30, intermediate_size=1536, vocab_size=49152, tie_word_embeddings=True)
 
@@ -33,22 +35,15 @@ def stamp(what: str) -> None:
 
 
 def fla_peer(mixer):
-    """fla's model for the same mixer at the 135M shape (fla's defaults otherwise); None for xLSTM."""
+    """fla's own model for the same mixer at the 135M shape (the mixer class's `fla_peer`, fla's defaults
+    otherwise); None where fla has no such model."""
+    spec = MIXER_CLASSES[mixer].fla_peer
+    if spec is None:
+        return None
     import fla.models as fm
 
-    heads = dict(num_heads=9)
-    table = {
-        "linear_attn": (fm.LinearAttentionConfig, fm.LinearAttentionForCausalLM, dict(expand_k=1, expand_v=1, num_kv_heads=3)),
-        "retnet": (fm.RetNetConfig, fm.RetNetForCausalLM, dict(expand_k=1, expand_v=1)),
-        "gla": (fm.GLAConfig, fm.GLAForCausalLM, dict(expand_k=1, expand_v=1)),
-        "deltanet": (fm.DeltaNetConfig, fm.DeltaNetForCausalLM, dict(expand_k=1, expand_v=1)),
-        "gated_deltanet": (fm.GatedDeltaNetConfig, fm.GatedDeltaNetForCausalLM, dict(head_dim=64, expand_v=1)),
-        "kda": (fm.KDAConfig, fm.KDAForCausalLM, dict(head_dim=64, expand_v=1)),
-    }
-    if mixer not in table:
-        return None
-    cfg_cls, model_cls, extra = table[mixer]
-    return model_cls(cfg_cls(**SHAPE, **heads, **extra))
+    config_name, model_name, extra = spec
+    return getattr(fm, model_name)(getattr(fm, config_name)(**SHAPE, num_heads=9, **extra))
 
 
 def params_m(model):
@@ -57,17 +52,13 @@ def params_m(model):
 
 def time_train(model, ids, iters, warmup=3):
     model.train()
-    for _ in range(warmup):
+
+    def step():
         model(input_ids=ids, labels=ids).loss.backward()
-    torch.cuda.synchronize()
+
+    cuda_ms(step, warmup)
     torch.cuda.reset_peak_memory_stats()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        model(input_ids=ids, labels=ids).loss.backward()
-    end.record()
-    torch.cuda.synchronize()
-    seconds = start.elapsed_time(end) / 1000 / iters
+    seconds = cuda_ms(step, iters) / 1000
     model.zero_grad(set_to_none=True)
     return ids.numel() / seconds, torch.cuda.max_memory_allocated() / 2**30
 
@@ -76,18 +67,7 @@ def time_train(model, ids, iters, warmup=3):
 def time_generate(model, prompt, new_tokens):
     model.eval()
     kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
-    model.generate(prompt, **kw)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    model.generate(prompt, **kw)
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / new_tokens
-
-
-def rel(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+    return cuda_ms(lambda: model.generate(prompt, **kw), warmup=1) / new_tokens
 
 
 def model_parity(ours, ids):
@@ -118,13 +98,7 @@ def time_graph_decode(model, prompt, new_tokens):
     differs = (graphed != reference[:, prompt.shape[1]:])[0].nonzero()
     same = int(differs[0]) if len(differs) else new_tokens
     decoder = GraphedDecoder(model, prompt)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    decoder.generate(new_tokens)
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / new_tokens, same
+    return cuda_ms(lambda: decoder.generate(new_tokens)) / new_tokens, same
 
 
 def main():

@@ -23,15 +23,12 @@ autotuner.Autotuner.__init__ = lambda self, fn, names, configs, *a, **kw: _init(
 
 from fla.modules.fused_cross_entropy.ops import cross_entropy_loss  # noqa: E402  (the module asserts CUDA tensors)
 
-from linzoo.modeling import LinzooConfig, LinzooForCausalLM, kernels_fast, mixers, modeling_linzoo  # noqa: E402
-from linzoo.modeling.mixers import ShortConv  # noqa: E402
+from bench_utils import rel  # noqa: E402
+from linzoo.modeling import LinzooConfig, LinzooForCausalLM, kernels, mixer_base, modeling_linzoo  # noqa: E402
+from linzoo.modeling.mixer_base import RMSNorm, ShortConv  # noqa: E402
 
 TOL = 1e-5
 worst = 0.0
-
-
-def rel(a, b):
-    return ((a - b).norm() / b.norm()).item()
 
 
 def check(name, fast, ref, *xs, backward=True):
@@ -52,19 +49,19 @@ def check(name, fast, ref, *xs, backward=True):
 def main():
     torch.manual_seed(0)
     x, w = torch.randn(3, 17, 40), torch.randn(40) + 1
-    norm = mixers.RMSNorm(40, 1e-5)  # no config: the torch form
-    check("rms_norm (forward)", lambda x, w: kernels_fast.fused_rms_norm(x, w, 1e-5),
+    norm = RMSNorm(40, 1e-5)  # no config: the torch form
+    check("rms_norm (forward)", lambda x, w: kernels.fused_rms_norm(x, w, 1e-5),
           lambda x, w: functional_call(norm, {"weight": w}, (x,)), x, w, backward=False)
-    check("swiglu", kernels_fast.fused_swiglu, lambda g, u: F.silu(g) * u, torch.randn(3, 17, 40), torch.randn(3, 17, 40))
+    check("swiglu", kernels.fused_swiglu, lambda g, u: F.silu(g) * u, torch.randn(3, 17, 40), torch.randn(3, 17, 40))
     conv = ShortConv(40, 4)
     x, cw = torch.randn(1, 30, 40), torch.randn(40, 4)
 
     def torch_conv(seq_idx=None):
         return lambda x, w: functional_call(conv, {"weight": w}, (x,), {"seq_idx": seq_idx})
 
-    check("short conv", lambda x, w: kernels_fast.fused_short_conv(x, w), torch_conv(), x, cw)
+    check("short conv", lambda x, w: kernels.fused_short_conv(x, w), torch_conv(), x, cw)
     cu, seq_idx = torch.tensor([0, 7, 9, 30]), torch.tensor([[0] * 7 + [1] * 2 + [2] * 21])
-    check("short conv, packed (cu_seqlens)", lambda x, w: kernels_fast.fused_short_conv(x, w, cu), torch_conv(seq_idx), x, cw)
+    check("short conv, packed (cu_seqlens)", lambda x, w: kernels.fused_short_conv(x, w, cu), torch_conv(seq_idx), x, cw)
     t = torch.randint(0, 100, (50,))
     t[:5] = -100
     check("cross-entropy kernel (sum)", lambda lg: cross_entropy_loss(lg, t, ignore_index=-100)[0].sum(),
@@ -72,16 +69,16 @@ def main():
     cfg = dict(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                num_key_value_heads=2, kernel_backend="torch", chunk_size=8)
     ids = torch.randint(0, 100, (2, 21))
-    original = mixers.use_fused_ops
+    original = mixer_base.use_fused_ops
     for mixer in ("gated_deltanet", "gla"):  # with and without the short conv
         model = LinzooForCausalLM(LinzooConfig(**cfg, mixer=mixer)).eval()
         with torch.no_grad():
             ref = model(ids).logits
-            mixers.use_fused_ops = modeling_linzoo.use_fused_ops = lambda config, device: True
+            mixer_base.use_fused_ops = modeling_linzoo.use_fused_ops = lambda config, device: True
             try:
                 fused = model(ids).logits
             finally:
-                mixers.use_fused_ops = modeling_linzoo.use_fused_ops = original
+                mixer_base.use_fused_ops = modeling_linzoo.use_fused_ops = original
         check(f"whole model, {mixer} (logits)", lambda a: fused, lambda a: ref, ids.float(), backward=False)
     print(f"worst relative error {worst:.1e} (limit {TOL:.0e})")
     sys.exit(0 if worst <= TOL else 1)

@@ -24,12 +24,9 @@ import torch
 from transformers import DynamicCache
 
 import linzoo
+from bench_utils import cuda_ms, rel
 from linzoo.convert import fresh_parameters
 from linzoo.loading import load_teacher, resolve
-
-
-def rel(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12)).item()
 
 
 def fwd_bwd(layer, x, cot, backend, dtype):
@@ -56,14 +53,7 @@ def decode(layer, x, prefill):
 def timed_fwd_bwd_ms(layer, x, cot, iters=5):
     """Mean ms of `iters` fast-path forward+backward passes after one warm-up (CUDA events)."""
     x = x.detach().requires_grad_(True)
-    layer(x).backward(cot)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        layer(x).backward(cot)
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
+    return cuda_ms(lambda: layer(x).backward(cot), iters, warmup=1)
 
 
 def run_parallel(args):

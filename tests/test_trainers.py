@@ -1,5 +1,6 @@
 """Trainers: losses (known values), YAML/CLI parsing, few-step runs of every trainer on tiny models, resume, errors."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -68,6 +69,22 @@ def test_recipes_parse_and_flags_override(recipe, tmp_path):
         assert cfg.mixer == mixer and cfg.output_dir == f"runs/{Path(cfg.teacher).name}/{mixer}/base"
     (cfg,) = TrlParser(LinearizeConfig).parse_args_and_config([*args, "--output_dir", str(tmp_path)])
     assert cfg.output_dir == str(tmp_path)
+
+
+def test_chat_configs_take_linzoo_defaults(tmp_path):
+    """`ChatRunArguments` overrides TRL's defaults by coming first among the bases (dataclass fields follow the
+    MRO): this pins the effective defaults of both chat commands, so a reordered base list cannot change them."""
+    from linzoo.trainers.common import ChatRunArguments
+    from linzoo.trainers.distill_instruct_config import InstructDistillConfig
+    from linzoo.trainers.sft import LinzooSFTConfig
+
+    for cls in (LinzooSFTConfig, InstructDistillConfig):
+        cfg = cls(output_dir=str(tmp_path))
+        for f in dataclasses.fields(ChatRunArguments):
+            if f.name != "report_to":  # TrainingArguments turns "none" into []
+                assert getattr(cfg, f.name) == f.default, (cls.__name__, f.name)
+        assert cfg.report_to in ([], "none", ["none"])
+        assert cfg.max_length == cfg.max_seq_length
 
 
 def test_config_errors(tmp_path):
