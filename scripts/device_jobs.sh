@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU runs behind results/gpu/, one phase per device call (see results/gpu/README.md):
+# The GPU runs behind results/gpu/, in phases sized to fit time-limited calls (see results/gpu/README.md):
 #
 #     . .dev/stage.sh && bash scripts/device_jobs.sh PHASE [PHASE...]   (phases run in order, one LIMIT for all)
 #
@@ -7,19 +7,21 @@
 # wait: until the runs finish or LIMIT nears; eval: teacher + finished students; bench (background, resumable
 # across calls like the runs: call it again to wait for it); profile.
 # E.g. `start parity wait` then, in the next call of the same block, `wait eval`.
-# A run holds a lock (/tmp/runs/<mixer>.lock) while it trains: if the machine lets it outlive the call, the next
-# call finds it running and waits for it; if not, `start` resumes it from its last checkpoint (same stage, step).
+# A run holds a lock (/tmp/runs/<mixer>.lock) while it trains, so that it can outlive the call that started it:
+# the next call finds it running and waits for it; if its process is gone, `start` resumes it from its last
+# checkpoint (same stage, step).
 #
-# Needs what `.dev/stage.sh` provides (fla, mlstm-kernels, tilelang on PYTHONPATH; TEACHER_GGUF) and, carried
-# in `.dev/`, the embedded text corpus (`.dev/lzcache/`) and the five eval sets (`.dev/eval/`). Everything a
-# later phase needs (students, Triton cache) stays in /tmp on the warm machine. Results go to $OUT.
+# Runs offline (HF_HUB_OFFLINE): needs fla, mlstm-kernels and tilelang importable and TEACHER_GGUF set (what
+# `.dev/stage.sh` does: it installs them from wheels carried with the checkout), the embedded text corpus in
+# `.dev/lzcache/` and the five eval sets in `.dev/eval/`. Students and the Triton cache stay in /tmp, so that a
+# later call on the same host continues from them. Results go to $OUT.
 # LONG (default gated_deltanet; empty for none) and SHORT (six mixers; empty for none) pick the runs.
 # CPU dry run of the plumbing: TRAIN_TOKENS, SHORT_TOKENS, TRAIN_ARGS, EVAL_ARGS, NIAH_ARGS shrink the jobs;
 # PARITY_ARGS (e.g. "--mixers xlstm") narrows the parity check; EVAL_JOBS (default 6) caps concurrent background eval jobs.
 set -uo pipefail
 [ $# -gt 0 ] || { echo "usage: device_jobs.sh start|wait|parity|eval|bench|profile ..."; exit 2; }
 R=$PWD
-LIMIT=${LIMIT:-540}  # seconds for this call's jobs, counted from the script's start (a device call runs <= 600 s)
+LIMIT=${LIMIT:-540}  # seconds for this call, from the script's start: under a 600 s per-call cap, with time to pack $OUT
 left() { echo $((LIMIT - SECONDS > 10 ? LIMIT - SECONDS : 10)); }  # what remains of LIMIT, for each timeout
 SHORT=${SHORT-linear_attn retnet gla deltanet kda xlstm}  # 2M-token runs; SHORT= (empty): none
 LONG=${LONG-gated_deltanet}  # TRAIN_TOKENS (20M) runs with the recipe's batch; LONG= (empty): none
@@ -31,7 +33,7 @@ case $EVAL_JOBS in ''|*[!0-9]*|0) echo "EVAL_JOBS must be a whole number >= 1, g
 OUT=${OUT:-/tmp/linzoo-out}
 mkdir -p "$OUT" /tmp/work /tmp/runs /tmp/eval
 
-# The project itself (no deps: the image and the staged bundles hold them), fresh each call, in a folder of its own:
+# The project itself (no deps: installed beforehand, nothing is downloaded), fresh each call, in a folder of its own:
 # a run started by an earlier call may still be training from (and later saving modeling files out of) the last one.
 LZ=/tmp/lz.$(date +%s)
 python3 -m pip install -q --no-deps --no-build-isolation --target "$LZ" "$R" >/tmp/lz-pip.log 2>&1 \
@@ -138,7 +140,7 @@ eval)  # teacher + every finished student: full five tasks (recovery, KL) and NI
   }
   throttle() {  # at most EVAL_JOBS background eval jobs at once (+ the teacher's quality job, in the foreground)
     local n
-    while [ $((LIMIT - SECONDS)) -gt 20 ]; do  # 13 at once ran the GPU out of memory (session 6)
+    while [ $((LIMIT - SECONDS)) -gt 20 ]; do  # 13 jobs at once ran an H200 out of memory
       n=0; for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && n=$((n + 1)); done
       [ "$n" -lt "$EVAL_JOBS" ] && return; sleep 2
     done

@@ -2,9 +2,10 @@
 
     python scripts/gpu_training_summary.py RUNS_DIR --card "$(cat card.txt)" --out results/gpu/training_H200.json
 
-RUNS_DIR holds what `device_jobs.sh` packs: `<mixer>/linzoo_training.json` of finished runs and the logs
-`<mixer>.<unix time>.log` of every attempt. An unfinished run is reported from its logs (last stage
-reached, its last logged loss and tokens/s), marked `"finished": false`.
+RUNS_DIR holds what `device_jobs.sh` packs (`train_records.tgz` and `train_logs.tgz`, unpacked):
+`<mixer>/linzoo_training.json` of finished runs and the logs `<mixer>.<unix time>.log` of every attempt.
+An unfinished run is reported from its logs (last stage reached, its last logged loss and tokens/s), marked
+`"finished": false`.
 """
 
 import argparse
