@@ -39,6 +39,7 @@ LZ=/tmp/lz.$(date +%s)
 python3 -m pip install -q --no-deps --no-build-isolation --target "$LZ" "$R" >/tmp/lz-pip.log 2>&1 \
   || { tail -5 /tmp/lz-pip.log; exit 1; }
 export PYTHONPATH=$LZ${PYTHONPATH:+:$PYTHONPATH} LINZOO_TEACHER_GGUF=${TEACHER_GGUF:?run . .dev/stage.sh first}
+export LINZOO_DEBUG=1  # a failing job's log keeps its traceback
 export LINZOO_CACHE=/tmp/lzcache HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 [ -d /tmp/lzcache/data ] || { mkdir -p /tmp/lzcache && cp -r "$R/.dev/lzcache/." /tmp/lzcache/; }

@@ -54,7 +54,7 @@ class LinearizeConfig(SFTConfig, KDArguments):
 
     def __post_init__(self):
         if self.mixer not in MIXERS:
-            raise ValueError(f"Unknown mixer {self.mixer!r}; valid values are: {', '.join(MIXERS)}.")
+            raise ValueError(f"Unknown mixer {self.mixer!r}: pass --mixer one of {', '.join(MIXERS)}.")
         if len(self.stage_fractions) != 3 or any(f < 0 for f in self.stage_fractions) or sum(self.stage_fractions) <= 0:
             raise ValueError(f"stage_fractions must be three non-negative numbers, got {self.stage_fractions}.")
         if len(self.stage_learning_rates) != 3:
