@@ -250,13 +250,16 @@ class ModelArguments:
     batch_size: int = field(default=4, metadata={"help": "prompts per forward/generate call"})
     device: str = field(default="cuda" if torch.cuda.is_available() else "cpu", metadata={"help": "torch device"})
     dtype: str = field(default="auto", metadata={"help": "auto | float32 | bfloat16 | float16"})
+    trust_remote_code: bool = field(default=False, metadata={
+        "help": "run a checkpoint's own Python when it needs it (linzoo students and Llama teachers never do)"})
 
 
-def load_for_eval(spec: str, device: str, dtype: str, teacher: bool = False):
+def load_for_eval(spec: str, device: str, dtype: str, teacher: bool = False, trust_remote_code: bool = False):
     """(model, tokenizer) through linzoo's loaders, moved to the device/dtype and in eval mode."""
     import linzoo
 
-    model, tokenizer = (linzoo.load_teacher if teacher else linzoo.load_model)(spec)
+    load = linzoo.load_teacher if teacher else linzoo.load_model
+    model, tokenizer = load(spec, trust_remote_code=True) if trust_remote_code else load(spec)
     model = model.to(device) if dtype == "auto" else model.to(device=device, dtype=getattr(torch, dtype))
     return model.eval(), tokenizer
 
@@ -298,7 +301,7 @@ def main(argv: list[str] | None = None) -> dict:
         runs.append((args.teacher, True, Path(args.out) / "teacher"))
     all_results = []
     for spec, is_teacher, out in runs:  # one model in memory at a time
-        model, tokenizer = load_for_eval(spec, args.device, args.dtype, teacher=is_teacher)
+        model, tokenizer = load_for_eval(spec, args.device, args.dtype, is_teacher, args.trust_remote_code)
         all_results.append(run_niah(model, tokenizer, args.lengths, args.depths, args.needle, args.prompt_format,
                                     args.samples_per_cell, args.batch_size, args.filler, args.seed,
                                     args.max_new_tokens, model_name=spec))

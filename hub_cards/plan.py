@@ -3,13 +3,16 @@
 A plan is a repo id plus the exact files (path in repo, size) of one commit. Before anything is sent,
 a checkpoint must (1) load with `trust_remote_code` in a fresh Python process, (2) hold safetensors
 weights and no pickle files, and (3) get a card whose model-index numbers, read back from its YAML,
-equal the results files'. The dry run prints all of it and touches no network.
+equal the results files'. The Space's plan carries linzoo's own wheel, built from this checkout, which its
+requirements.txt installs. The dry run prints all of it and touches no network.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -26,6 +29,7 @@ UPLOAD_SUBFOLDERS = ("eval",)  # travel with the weights; stage checkpoints and 
 EVAL_FILES = ("niah.json", "niah_heatmap.png", "quality.json", "quality.png")
 LOGIN_HOW = "log in once with `hf auth login` (or set the HF_TOKEN environment variable to a token with write access)"
 LOGIN_HELP = f"No Hugging Face token found: {LOGIN_HOW}, then run the command again."
+SPACE_WHEEL_LINE = re.compile(r"\./linzoo-\S+\.whl")  # the requirements.txt line plan_space points at the wheel
 
 
 def add_existing_repo_flags(parser, what: str = "an existing repo") -> None:
@@ -195,24 +199,80 @@ def plan_checkpoint(folder, repo_id: str, private: bool = False, revision: str |
                     notes=notes)
 
 
-def plan_space(space_dir, repo_id: str, models: list[str], results: dict[str, Path],
+def build_wheel(out_dir) -> Path:
+    """linzoo's wheel (`pip wheel --no-deps`) built from the checkout this linzoo runs from, into `out_dir`. The
+    sources are copied to a temporary folder first, so the build leaves nothing (build/, *.egg-info) behind."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "pyproject.toml").is_file():
+        raise ReleaseError(f"linzoo runs from {root}, not from a checkout: build its wheel in one "
+                           "(pip wheel --no-deps -w dist .) and pass it with --wheel.")
+    project = tomllib.loads((root / "pyproject.toml").read_text())
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dist = Path(tmp) / "linzoo", Path(tmp) / "dist"
+        src.mkdir()
+        for name in ("pyproject.toml", project["project"]["readme"]):
+            shutil.copy2(root / name, src / name)
+        for folder in project["tool"]["setuptools"]["package-dir"].values():
+            shutil.copytree(root / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
+        run = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(src)],
+                             capture_output=True, text=True)
+        if run.returncode != 0:
+            error = (run.stderr.strip() or f"exit {run.returncode}").splitlines()[-1]
+            raise ReleaseError(f"building linzoo's wheel failed: {error}")
+        (wheel,) = dist.glob("linzoo-*.whl")
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        return Path(shutil.move(wheel, Path(out_dir) / wheel.name))
+
+
+def _requires_python(wheel: Path) -> str:
+    import zipfile
+    from email.parser import HeaderParser
+
+    with zipfile.ZipFile(wheel) as archive:
+        name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        return HeaderParser().parsestr(archive.read(name).decode()).get("Requires-Python") or ""
+
+
+def plan_space(space_dir, repo_id: str, models: list[str], results: dict[str, Path], wheel: Path,
                private: bool = False) -> RepoPlan:
-    """The Space repo: app files, README front matter listing `models`, and results/<name>/ from each eval folder."""
-    space_dir = Path(space_dir)
+    """The Space repo: app files, README front matter listing `models`, results/<name>/ from each eval folder, and
+    linzoo's `wheel`, which the uploaded requirements.txt installs from its URL in the Space repo (the Hub builds
+    the environment from requirements.txt alone, before the repo's other files are copied in)."""
+    from huggingface_hub import hf_hub_url
+    from packaging.specifiers import SpecifierSet
+
+    space_dir, wheel = Path(space_dir), Path(wheel)
     card = SpaceCard.load(space_dir / "README.md")
     card.data.models = [m for m in models if "/" in m]
-    files: list[tuple[str, Path | bytes]] = [("README.md", str(card).encode())]
-    files += [(p.name, p) for p in sorted(space_dir.iterdir())
-              if p.is_file() and p.name != "README.md" and not p.name.startswith(".")]
+    url = hf_hub_url(repo_id, wheel.name, repo_type="space")
+    requirements = (space_dir / "requirements.txt").read_text().splitlines()
+    at = [i for i, line in enumerate(requirements) if SPACE_WHEEL_LINE.fullmatch(line.strip())]
+    for i in at:
+        requirements[i] = f"linzoo @ {url}"
+    files: list[tuple[str, Path | bytes]] = [("README.md", str(card).encode()),
+                                             ("requirements.txt", ("\n".join(requirements) + "\n").encode())]
+    files += [(p.name, p) for p in sorted(space_dir.iterdir()) if p.is_file() and not p.name.startswith(".")
+              and p.name not in ("README.md", "requirements.txt") and p.suffix != ".whl"]
+    files.append((wheel.name, wheel))
     for name, eval_dir in results.items():
         files += [(f"results/{name}/{f}", eval_dir / f) for f in EVAL_FILES if (eval_dir / f).is_file()]
-    pin = next((line.split("==")[1].strip() for line in (space_dir / "requirements.txt").read_text().splitlines()
-                if line.startswith("gradio==")), None)
+    pin = next((line.split("==")[1].strip() for line in requirements if line.startswith("gradio==")), None)
+    python, requires = str(card.data.python_version or ""), _requires_python(wheel)
     checks = [Check("app.py present", (space_dir / "app.py").is_file()),
               Check("sdk_version equals the gradio pin of requirements.txt", str(card.data.sdk_version) == pin,
-                    f"sdk_version {card.data.sdk_version}, requirements gradio=={pin}")]
+                    f"sdk_version {card.data.sdk_version}, requirements gradio=={pin}"),
+              Check("requirements.txt installs linzoo from the uploaded wheel", len(at) == 1,
+                    url if len(at) == 1 else f"{len(at)} lines match ./linzoo-<version>-*.whl in "
+                                             f"{space_dir / 'requirements.txt'}, 1 expected"),
+              Check("python_version fits the wheel's Requires-Python",
+                    bool(python) and python in SpecifierSet(requires),
+                    f"python_version {python or 'not set (the Hub default)'}, Requires-Python {requires}")]
+    notes = ["a private Space's build may be refused the download of its own wheel (untested: no Hub here)"
+             ] if private else []
     return RepoPlan(repo_id, "space", space_dir, files, card.data.to_yaml(), private, None, [], checks,
-                    {"LINZOO_SPACE_MODELS": ",".join(models)})
+                    {"LINZOO_SPACE_MODELS": ",".join(models)}, notes)
 
 
 def hub_token() -> str:

@@ -5,22 +5,25 @@ Hub collection holding them. A dry run (the plan of every repo, no network) unle
     linzoo push-zoo runs/zoo --org my-org --execute      # after `hf auth login`
 
 Repos: <org>/linzoo-<mixer>-<stage> (underscores as dashes) and the Space <org>/linzoo-niah, which gets
-every eval/ folder under results/<mixer>/<stage>/ and lists the checkpoints (plus the teacher) in its
-README and $LINZOO_SPACE_MODELS. An instruct stage's base_model is its recorded parent when that is a
-Hub id or one of the zoo's folders, else the nearest earlier stage of the same mixer (said so in the plan).
+every eval/ folder under results/<mixer>/<stage>/, lists the checkpoints (plus the teacher) in its
+README and $LINZOO_SPACE_MODELS (the only models it offers), and carries linzoo's wheel (built from this
+checkout unless --wheel names one) for its requirements.txt to install. An instruct stage's base_model is its
+recorded parent when that is a Hub id or one of the zoo's folders, else the nearest earlier stage of the same
+mixer (said so in the plan).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 
 from linzoo import MIXERS
 
 from .card import STAGES, checkpoint_info, is_hub_id
-from .plan import (ReleaseError, add_existing_repo_flags, hub_error, hub_token, plan_checkpoint, plan_space,
-                   repo_exists, upload)
+from .plan import (ReleaseError, add_existing_repo_flags, build_wheel, hub_error, hub_token, plan_checkpoint,
+                   plan_space, repo_exists, upload)
 from .space import APP
 
 SPACE_NAME = "linzoo-niah"
@@ -70,16 +73,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--execute", action="store_true", help="really upload (default: print the plan only)")
     parser.add_argument("--private", action="store_true", help="create the repos and the collection private")
     parser.add_argument("--space-dir", type=Path, default=APP.parent, help="the Space folder (default: %(default)s)")
+    parser.add_argument("--wheel", type=Path, help="the linzoo wheel the Space installs (default: one built from "
+                                                   "this checkout)")
     add_existing_repo_flags(parser, "existing repos")
     args = parser.parse_args(argv)
     try:
-        return push_zoo(args)
+        with tempfile.TemporaryDirectory() as tmp:  # where the wheel is built; it lives until the upload is done
+            return push_zoo(args, Path(tmp))
     except ReleaseError as err:
         print(f"linzoo push-zoo: {err}", file=sys.stderr)
         return 1
 
 
-def push_zoo(args) -> int:
+def push_zoo(args, workdir: Path) -> int:
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError
 
@@ -97,9 +103,10 @@ def push_zoo(args) -> int:
         plan = plan_checkpoint(folder, repo_name(args.org, mixer, stage), args.private, base_model=override)
         plan.notes += [note] if note else []
         plans.append(plan)
+    wheel = args.wheel or build_wheel(workdir)
     teachers = sorted({t for f in found.values() if is_hub_id(t := checkpoint_info(f)["teacher"])})
     space = plan_space(args.space_dir, f"{args.org}/{SPACE_NAME}", [p.repo_id for p in plans] + teachers,
-                       {f"{m}/{s}": folder / "eval" for (m, s), folder in found.items()}, args.private)
+                       {f"{m}/{s}": folder / "eval" for (m, s), folder in found.items()}, wheel, args.private)
     plans.append(space)
     for plan in plans:
         print("\n" + plan.describe(args.overwrite, args.create_pr))

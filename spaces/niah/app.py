@@ -7,22 +7,24 @@ import gradio as gr
 from linzoo.hub_cards import space
 
 
-def ask(models, context_len, depth, needle, seed, prompt_format, haystack, question, answer, progress=gr.Progress()):
-    try:
-        return space.run_query(models, context_len, depth, needle, seed, prompt_format, haystack, question, answer,
-                               progress)
-    except (ValueError, FileNotFoundError) as err:
-        raise gr.Error(str(err)) from err
-
-
 def build_demo(models: list[str], results: list) -> gr.Blocks:
+    """The Space offering `models` (its owner's list: a query naming anything else is refused)."""
+
+    def ask(picked, context_len, depth, needle, seed, prompt_format, haystack, question, answer,
+            progress=gr.Progress()):
+        try:
+            return space.run_query(picked, context_len, depth, needle, seed, prompt_format, haystack, question,
+                                   answer, progress, allowed=models)
+        except (ValueError, FileNotFoundError) as err:
+            raise gr.Error(str(err)) from err
+
     with gr.Blocks(title="linzoo NIAH") as demo:
         gr.Markdown("# linzoo: needle in a haystack\nLinearized SmolLM2 students keep a fixed-size state "
                     "instead of a KV cache. Can they still find the needle?")
         with gr.Tab("Ask"):
             with gr.Row():
                 picked = gr.Dropdown(models, value=models[:1], multiselect=True, max_choices=space.MAX_MODELS,
-                                     allow_custom_value=True, label="models (1-3): Hub id, local folder or embedded")
+                                     label=f"models (1-{space.MAX_MODELS})")
                 needle = gr.Radio(list(space.NEEDLE_CHOICES), value="passkey", label="needle", elem_id="needle")
                 prompt = gr.Radio(["raw", "chat"], value="raw", label="prompt format")
             with gr.Row():

@@ -1,0 +1,107 @@
+"""`linzoo.load_model` runs no checkpoint's own Python unless asked: a linzoo student loads through the installed
+linzoo, a Llama through transformers, and a repo that needs its own code only with `trust_remote_code=True`.
+
+Each hostile folder ships modeling/configuration files that write a marker file when Python imports them: the
+marker must never appear, except in the one control that passes the flag (which shows the code would run).
+"""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, HfArgumentParser
+
+import linzoo
+from linzoo.evals import niah
+from linzoo.loading import read_config
+
+AUTO_MAP = {"AutoConfig": "configuration_evil.EvilConfig", "AutoModelForCausalLM": "modeling_evil.EvilForCausalLM"}
+
+
+def plant(folder, marker, names=("configuration_evil.py", "modeling_evil.py")):
+    """Python files in `folder` that create `marker` when imported."""
+    for name in names:
+        (folder / name).write_text(f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n")
+
+
+def edit_config(folder, **changes):
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **changes}))
+
+
+@pytest.fixture
+def marker(tmp_path):
+    path = tmp_path / "remote code ran"
+    yield path
+    assert not path.exists(), "a checkpoint's own code ran"
+
+
+def test_a_student_loads_through_the_installed_linzoo(tiny_student_dir, tmp_path, marker):
+    folder = shutil.copytree(tiny_student_dir, tmp_path / "student")
+    plant(folder, marker, ("modeling_linzoo.py", "configuration_linzoo.py"))  # its remote code, replaced
+    model, tokenizer = linzoo.load_model(str(folder))
+    assert type(model).__module__ == "linzoo.modeling.modeling_linzoo" and model.config.model_type == "linzoo"
+    reference, _ = linzoo.load_model(str(tiny_student_dir))
+    ids = tokenizer("The pass key is", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, reference(ids).logits)
+
+
+def test_transformers_own_remote_code_path_still_loads_a_student(tiny_student_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_student_dir, trust_remote_code=True)
+    assert type(model).__module__.startswith("transformers_modules")
+
+
+def test_a_llama_loads_through_transformers_whatever_its_auto_map(tiny_teacher_dir, tmp_path, marker):
+    folder = shutil.copytree(tiny_teacher_dir, tmp_path / "llama")
+    edit_config(folder, auto_map=AUTO_MAP)
+    plant(folder, marker)
+    model, _ = linzoo.load_model(str(folder))
+    assert type(model).__module__ == "transformers.models.llama.modeling_llama"
+
+
+@pytest.fixture
+def foreign(tiny_teacher_dir, tmp_path, marker):
+    """A repo whose model type only its own code knows."""
+    folder = shutil.copytree(tiny_teacher_dir, tmp_path / "foreign")
+    edit_config(folder, model_type="evilnet", auto_map=AUTO_MAP)
+    plant(folder, marker)
+    return folder
+
+
+def test_foreign_code_needs_trust_remote_code(foreign, marker):
+    with pytest.raises(ValueError, match=r"'evilnet' model.*trust_remote_code=True \(--trust_remote_code\)"):
+        linzoo.load_model(str(foreign))
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        linzoo.load_teacher(str(foreign))
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        niah.main(["--model", str(foreign), "--device", "cpu"])  # the eval CLIs' --model
+
+
+def test_the_flag_runs_it(foreign, marker):
+    """The control: with trust_remote_code=True the planted code does run (it defines no model, so loading fails)."""
+    with pytest.raises(Exception):  # whatever transformers makes of a module without the class
+        linzoo.load_model(str(foreign), trust_remote_code=True)
+    assert marker.read_text() == "ran"
+    marker.unlink()
+
+
+def test_eval_clis_take_trust_remote_code():
+    parser = HfArgumentParser(niah.NiahArguments)
+    assert parser.parse_args_into_dataclasses(args=[])[0].trust_remote_code is False
+    assert parser.parse_args_into_dataclasses(args=["--trust_remote_code"])[0].trust_remote_code is True
+
+
+def test_safetensors_only_refuses_pickled_weights(tiny_teacher_dir, tmp_path):
+    folder = shutil.copytree(tiny_teacher_dir, tmp_path / "pickled")
+    torch.save(load_file(folder / "model.safetensors"), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+    assert type(linzoo.load_model(str(folder))[0]).__name__ == "LlamaForCausalLM"  # a user's own folder: allowed
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        linzoo.load_model(str(folder), safetensors_only=True)
+
+
+def test_read_config_runs_nothing(foreign, marker):
+    assert read_config(str(foreign))["model_type"] == "evilnet"
