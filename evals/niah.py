@@ -291,7 +291,6 @@ class NiahArguments(ModelArguments):
                 raise ValueError(f"{flag} {value!r}: give {want}, comma-separated, e.g. {flag} {example}")
 
 
-
 def main(argv: list[str] | None = None) -> dict:
     from transformers import HfArgumentParser
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import html
 import json
+import math
 import os
 from dataclasses import dataclass
 from functools import lru_cache
@@ -138,13 +139,16 @@ def state_sizes(config, tokens: int, dtype_bytes: int = 4) -> StateSize:
     kv_per_layer = 2 * kv_heads * head_dim * tokens * dtype_bytes
     if _field(config, "model_type") != "linzoo":
         return StateSize(0, 0, layers * kv_per_layer, layers * kv_per_layer)
-    softmax_layers = len(_field(config, "attn_layers") or ())
+    from linzoo.modeling import LinzooConfig
+    from linzoo.modeling.mixers import MIXER_CLASSES
+
+    if isinstance(config, dict):
+        config = LinzooConfig.from_dict(config)
+    softmax_layers = len(config.attn_layers)
     linear_layers = layers - softmax_layers
-    value_dim = head_dim + 1 if _field(config, "mixer") == "xlstm" else head_dim  # mLSTM's normaliser column
-    recurrent = linear_layers * heads * head_dim * value_dim * 4  # linear_ops keeps states in fp32
-    conv = 0
-    if _field(config, "use_short_conv"):
-        conv = linear_layers * (heads + 2 * kv_heads) * head_dim * _field(config, "conv_size", 4) * dtype_bytes
+    shapes = MIXER_CLASSES[config.mixer].state_shapes(config)
+    recurrent = linear_layers * math.prod(shapes["recurrent"]) * 4  # linear_ops keeps states in fp32
+    conv = linear_layers * math.prod(shapes["conv"]) * dtype_bytes if "conv" in shapes else 0
     return StateSize(recurrent, conv, softmax_layers * kv_per_layer, layers * kv_per_layer)
 
 
