@@ -269,7 +269,7 @@ def plan_space(space_dir, repo_id: str, models: list[str], results: dict[str, Pa
               Check("python_version fits the wheel's Requires-Python",
                     bool(python) and python in SpecifierSet(requires),
                     f"python_version {python or 'not set (the Hub default)'}, Requires-Python {requires}")]
-    notes = ["a private Space's build may be refused the download of its own wheel (untested: no Hub here)"
+    notes = ["a private Space's build may be refused the download of its own wheel (not yet tried on the Hub)"
              ] if private else []
     return RepoPlan(repo_id, "space", space_dir, files, card.data.to_yaml(), private, None, [], checks,
                     {"LINZOO_SPACE_MODELS": ",".join(models)}, notes)

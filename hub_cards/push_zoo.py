@@ -15,7 +15,6 @@ mixer (said so in the plan).
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
@@ -77,12 +76,8 @@ def main(argv: list[str] | None = None) -> int:
                                                    "this checkout)")
     add_existing_repo_flags(parser, "existing repos")
     args = parser.parse_args(argv)
-    try:
-        with tempfile.TemporaryDirectory() as tmp:  # where the wheel is built; it lives until the upload is done
-            return push_zoo(args, Path(tmp))
-    except ReleaseError as err:
-        print(f"linzoo push-zoo: {err}", file=sys.stderr)
-        return 1
+    with tempfile.TemporaryDirectory() as tmp:  # where the wheel is built; it lives until the upload is done
+        return push_zoo(args, Path(tmp))  # a ReleaseError reaches the CLI: one line, exit 2
 
 
 def push_zoo(args, workdir: Path) -> int:

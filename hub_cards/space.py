@@ -3,7 +3,7 @@ models, the haystack as HTML with the needle marked, fixed-state vs KV-cache siz
 measured results. `spaces/niah/app.py` wires these into Gradio; `linzoo space` runs that app locally.
 
     linzoo space --models runs/main,embedded --port 7860
-    LINZOO_SPACE_MODELS=org/linzoo-gated-deltanet-base python spaces/niah/app.py   # as on the Hub
+    LINZOO_SPACE_MODELS=org/my-student-base python spaces/niah/app.py   # as on the Hub
 
 Environment (what `linzoo space` flags set): LINZOO_SPACE_MODELS (comma-separated model specs, the
 first is preselected), LINZOO_SPACE_RESULTS (comma-separated folders or results files),
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from linzoo.evals import niah
 
-MAX_CONTEXT = 4096  # a free CPU Space (2 vCPU) still answers a 135M model within a minute here
+MAX_CONTEXT = 4096  # so that a free CPU Space (2 vCPU) answers a 135M model within about a minute
 MAX_MODELS = 3
 CUSTOM = "custom"  # needle choice: the user's own haystack, question and expected answer
 NEEDLE_CHOICES = (*niah.NEEDLES, CUSTOM)

@@ -204,10 +204,10 @@ def test_pickles_are_refused_and_checkpoints_stay_home(student, fast_load_check,
     assert "not uploaded: stage1-attention-transfer/" in capsys.readouterr().out
 
     (student / "pytorch_model.bin").write_bytes(b"\x80\x04K\x01.")
-    assert push.main([str(student), "--repo-id", REPO, "--dry-run"]) == 1
+    with pytest.raises(plan.ReleaseError, match="a check failed; nothing was uploaded"):
+        push.main([str(student), "--repo-id", REPO, "--dry-run"])
     captured = capsys.readouterr()
     assert "[FAIL] weights are safetensors only: refusing pickle files ['pytorch_model.bin']" in captured.out
-    assert "a check failed; nothing was uploaded" in captured.err
 
 
 def test_card_mismatch_is_caught(student):
@@ -223,11 +223,11 @@ def test_no_token_says_how_to_log_in(student, tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
     monkeypatch.setattr(HfApi, "repo_exists", lambda *a, **k: pytest.fail("no Hub call without a token"))
-    assert push.main([str(student), "--repo-id", REPO]) == 1
-    err = capsys.readouterr().err
-    assert "hf auth login" in err and "HF_TOKEN" in err
-    assert push_zoo.main([str(tmp_path), "--org", "tester", "--execute"]) == 1
-    assert "hf auth login" in capsys.readouterr().err
+    with pytest.raises(plan.ReleaseError) as err:
+        push.main([str(student), "--repo-id", REPO])
+    assert "hf auth login" in str(err.value) and "HF_TOKEN" in str(err.value)
+    with pytest.raises(plan.ReleaseError, match="hf auth login"):
+        push_zoo.main([str(tmp_path), "--org", "tester", "--execute"])
 
 
 def test_a_rejected_token_is_never_printed(student, monkeypatch, capsys):
@@ -238,10 +238,11 @@ def test_a_rejected_token_is_never_printed(student, monkeypatch, capsys):
         raise HfHubHTTPError(f"401 Unauthorized for {repo_id}", response=response)
 
     monkeypatch.setattr(HfApi, "repo_exists", unauthorized)
-    assert push.main([str(student), "--repo-id", REPO]) == 1
+    with pytest.raises(plan.ReleaseError) as err:
+        push.main([str(student), "--repo-id", REPO])
     captured = capsys.readouterr()
-    assert "401" in captured.err and "hf auth login" in captured.err
-    assert FAKE_TOKEN not in captured.out + captured.err
+    assert "401" in str(err.value) and "hf auth login" in str(err.value)
+    assert FAKE_TOKEN not in captured.out + captured.err + str(err.value)
 
 
 class HubRecorder:
@@ -289,9 +290,9 @@ class HubRecorder:
 
 def test_existing_repo_is_not_overwritten_without_a_flag(student, monkeypatch, capsys):
     hub = HubRecorder(monkeypatch, existing={REPO})
-    assert push.main([str(student), "--repo-id", REPO]) == 1
-    err = capsys.readouterr().err
-    assert "already exists" in err and "--overwrite" in err and "--create-pr" in err
+    with pytest.raises(plan.ReleaseError) as err:
+        push.main([str(student), "--repo-id", REPO])
+    assert "already exists" in str(err.value) and "--overwrite" in str(err.value) and "--create-pr" in str(err.value)
     assert [c for c, _ in hub.calls] == ["repo_exists"]  # refused before any check or write
 
 
@@ -400,6 +401,6 @@ def test_push_zoo_execute_uploads_and_collects(zoo, linzoo_wheel, fast_load_chec
 
 def test_push_zoo_refuses_before_uploading_anything(zoo, linzoo_wheel, fast_load_check, monkeypatch, capsys):
     hub = HubRecorder(monkeypatch, existing={"tester/linzoo-gated-deltanet-instruct"})
-    assert push_zoo.main([str(zoo), "--org", "tester", "--execute", "--wheel", str(linzoo_wheel)]) == 1
-    assert "already exists" in capsys.readouterr().err
+    with pytest.raises(plan.ReleaseError, match="already exists"):
+        push_zoo.main([str(zoo), "--org", "tester", "--execute", "--wheel", str(linzoo_wheel)])
     assert not hub.named("create_commit") and not hub.named("create_repo")
