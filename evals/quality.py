@@ -1,18 +1,21 @@
-"""Zero-shot quality and teacher recovery: lambada_openai, winogrande, arc_easy, arc_challenge and piqa
-scored as lm-eval-harness does, plus held-out perplexity and KL(teacher || student).
+"""Zero-shot quality and teacher recovery: lambada_openai, winogrande, arc_easy, arc_challenge and piqa scored by
+lm-eval-harness, plus held-out perplexity and KL(teacher || student).
 
     linzoo eval quality --model runs/gdn --teacher embedded --data_dir ../shared/data/eval --limit 500
 
-Recovery per task = student score / teacher score x 100, where the score is acc_norm for the tasks
-that have it (arc_easy, arc_challenge, piqa) and acc otherwise; "average" is the mean over tasks.
-Each task also reports `chance`, the expected score of a uniform random guess (1 / number of choices,
-averaged over its documents; 0 for LAMBADA), and `chance_recovery` is the recovery such a guesser gets
-(about 65 % against SmolLM2-135M): a student near it has learnt nothing the tasks can see.
+With --data_dir the tasks are lm-eval's prompts and metrics on `<data_dir>/<task>.jsonl` (the YAMLs in
+lm_eval_tasks/), without it lm-eval's own tasks on their Hub datasets. linzoo adds what lm-eval lacks: recovery per
+task = student score / teacher score x 100, where the score is acc_norm for the tasks that have it (arc_easy,
+arc_challenge, piqa) and acc otherwise, "average" the mean over tasks; `chance`, the expected score of a uniform
+random guess (1 / number of choices, averaged over the documents; 0 for LAMBADA), and `chance_recovery`, the
+recovery such a guesser gets (about 65 % against SmolLM2-135M): a student near it has learnt nothing the tasks see.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -20,16 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from .niah import ModelArguments, load_for_eval, load_texts, model_device, name_of, parse_list
 
 SCHEMA = "linzoo.quality/v1"
 TASKS = ("lambada_openai", "winogrande", "arc_easy", "arc_challenge", "piqa")
-NORMED = ("arc_easy", "arc_challenge", "piqa")  # tasks reporting acc_norm, which their recovery uses
-# task -> (Hub dataset, config, split) of lm-eval-harness's versions. Best effort: written against the
-# datasets' documented columns but never run here (no Hub access). piqa: baber/piqa, the parquet copy that
-# lm-eval-harness itself reads (the original ybisk/piqa is a loading script that `datasets` 4 refuses).
+NORMED = ("arc_easy", "arc_challenge", "piqa")  # tasks whose recovery uses acc_norm
+TASKS_DIR = Path(__file__).resolve().parent / "lm_eval_tasks"
+# task -> (dataset, config, split) that lm-eval's own task reads, for the model-index of model cards
+# (hub_cards/card.py); tests/test_lm_eval.py checks it against lm-eval's task configs.
 HUB = {
     "lambada_openai": ("EleutherAI/lambada_openai", "default", "test"),
     "winogrande": ("allenai/winogrande", "winogrande_xl", "validation"),
@@ -44,56 +46,101 @@ def _check_task(task: str) -> None:
         raise ValueError(f"unknown task {task!r}; known: {TASKS}")
 
 
-def _from_hub_row(task: str, row: dict) -> dict:
-    """A Hub row in the local JSONL format (the one /work/shared/data/eval documents)."""
-    if task == "lambada_openai":
-        context, _, word = row["text"].rpartition(" ")
-        return {"context": context, "continuation": word}
-    if task == "winogrande":
-        blank = row["sentence"].index("_")
-        return {"context_options": [row["sentence"][:blank] + row[o] for o in ("option1", "option2")],
-                "continuation": row["sentence"][blank + 1:].strip(), "gold": int(row["answer"]) - 1}
-    if task in ("arc_easy", "arc_challenge"):
-        return {"query": f"Question: {row['question']}", "choices": row["choices"]["text"],
-                "gold": row["choices"]["label"].index(row["answerKey"])}
-    return {"query": f"Question: {row['goal']}", "choices": [row["sol1"], row["sol2"]], "gold": int(row["label"])}
+def local_task(task: str) -> str:
+    """The name of our lm-eval task (lm_eval_tasks/) that reads <data_dir>/<task>.jsonl."""
+    return f"linzoo_{task}_local"
+
+
+def check_data_dir(data_dir: str | os.PathLike, tasks) -> None:
+    """A one-line error, before any model loads, for a missing or empty `<data_dir>/<task>.jsonl`."""
+    expected = [f"{task}.jsonl" for task in tasks]
+    missing = [name for name in expected if not (Path(data_dir) / name).is_file()]
+    if missing:
+        raise ValueError(f"--data_dir {data_dir} lacks {', '.join(missing)}: it must hold {', '.join(expected)} "
+                         "(llm-foundry JSONL, see evals/LM_EVAL.md), or leave tasks out with --tasks")
+    empty = [name for name in expected if not any(line.strip() for line in open(Path(data_dir) / name))]
+    if empty:
+        raise ValueError(f"--data_dir {data_dir}: no documents in {', '.join(empty)} (one JSON object a line), "
+                         "or leave the task out with --tasks")
+
+
+@functools.lru_cache(maxsize=4)
+def task_manager(data_dir: str | None = None):
+    """lm-eval's TaskManager: our YAMLs reading `data_dir`, or with None lm-eval's own tasks (indexing all of them
+    takes most of a minute on a small CPU, hence the cache)."""
+    from lm_eval.tasks import TaskManager
+
+    if data_dir is None:
+        return TaskManager()
+    return TaskManager(include_path=str(TASKS_DIR), include_defaults=False, metadata={"data_dir": data_dir})
+
+
+def load_tasks(tasks, data_dir: str | os.PathLike | None = None) -> dict:
+    """{task: lm-eval Task}: ours on `<data_dir>/<task>.jsonl`, or lm-eval's own (Hub datasets) without data_dir."""
+    tasks = parse_list(tasks, str)
+    for task in tasks:
+        _check_task(task)
+    if data_dir is not None:
+        data_dir = str(data_dir)
+        check_data_dir(data_dir, tasks)
+    names = {task: local_task(task) if data_dir is not None else task for task in tasks}
+    loaded = task_manager(data_dir).load(list(names.values()))["tasks"]
+    return {task: loaded[name] for task, name in names.items()}
+
+
+def task_docs(task: str, task_obj, limit: int | None = None) -> list[dict]:
+    """The first `limit` documents lm-eval scores for a task (all without limit)."""
+    docs = [dict(doc) for doc in itertools.islice(task_obj.eval_docs, limit)]
+    if not docs:
+        data_dir = (task_obj.config.metadata or {}).get("data_dir")
+        where = Path(data_dir) / f"{task}.jsonl" if data_dir else f"lm-eval's task {task_obj.task_name}"
+        raise ValueError(f"{task}: no documents in {where}{f' (limit {limit})' if limit is not None else ''}: "
+                         "check the file, or leave the task out with --tasks")
+    return docs
 
 
 def load_task_docs(task: str, data_dir: str | None = None, limit: int | None = None) -> list[dict]:
-    """The first `limit` docs of a task from `<data_dir>/<task>.jsonl`, or from the Hub without data_dir."""
-    _check_task(task)
-    if data_dir is not None:
-        with open(Path(data_dir) / f"{task}.jsonl", encoding="utf-8") as f:
-            docs = [json.loads(line) for line in f if line.strip()]
-    else:
-        from datasets import load_dataset
-
-        path, config, split = HUB[task]
-        docs = [_from_hub_row(task, row) for row in load_dataset(path, config, split=split)]
-    if not docs[:limit]:
-        where = f"{Path(data_dir) / f'{task}.jsonl'}" if data_dir is not None else f"the Hub dataset {HUB[task][0]}"
-        raise ValueError(f"{task}: no documents in {where}{f' (limit {limit})' if limit is not None else ''}: "
-                         "check the file, or leave the task out with --tasks")
-    return docs[:limit]
+    """The first `limit` docs of a task from `<data_dir>/<task>.jsonl`, or from lm-eval's Hub task without data_dir."""
+    return task_docs(task, load_tasks([task], data_dir)[task], limit)
 
 
-def task_requests(task: str, doc: dict) -> list[tuple[str, str]]:
-    """(context, continuation) pairs, one per choice, as lm-eval builds them (target_delimiter " ")."""
-    _check_task(task)
-    if task == "lambada_openai":
-        return [(doc["context"], " " + doc["continuation"])]
-    if task == "winogrande":  # lm-eval's partial scoring: the option ends the context
-        return [(option, " " + doc["continuation"].strip()) for option in doc["context_options"]]
-    context = doc["query"].rstrip() + "\nAnswer:"  # lm-eval's "Question: ...\nAnswer:"
-    return [(context, " " + choice) for choice in doc["choices"]]
-
-
-def chance_score(task: str, docs: list[dict]) -> float:
-    """The expected accuracy of a uniform random choice (the same for acc and acc_norm): the mean over docs
-    of 1 / number of choices (one request per choice); 0 for lambada_openai, whose answer is generated."""
-    if task == "lambada_openai":
+def chance_score(task_obj, docs: list[dict]) -> float:
+    """The expected accuracy of a uniform random choice (the same for acc and acc_norm): the mean over docs of
+    1 / number of choices; 0 for a task whose answer is generated (lambada_openai)."""
+    if task_obj.OUTPUT_TYPE != "multiple_choice":
         return 0.0
-    return sum(1 / len(task_requests(task, doc)) for doc in docs) / len(docs)
+    return sum(1 / len(task_obj.doc_to_choice(doc)) for doc in docs) / len(docs)
+
+
+def run_lm_eval(model, tokenizer, task_objs: dict, limit: int | None = None, batch_size: int = 8,
+                log_samples: bool = False) -> dict:
+    """lm-eval's `simple_evaluate` output for a loaded model on lm-eval Task objects (from `load_tasks`).
+    Log-softmax in fp32 whatever the model's dtype; bootstrap_iters only sets the resampling behind LAMBADA's
+    perplexity stderr (acc's stderr has a closed form). The tasks come built, so the TaskManager indexes nothing."""
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size,
+              softmax_dtype=torch.float32)
+    return lm_eval.simple_evaluate(model=lm, tasks=list(task_objs.values()), limit=limit, log_samples=log_samples,
+                                   bootstrap_iters=100, task_manager=TaskManager(include_defaults=False))
+
+
+def task_scores(output: dict, task_obj, docs: list[dict]) -> dict:
+    """{"acc", "acc_stderr", "acc_norm", "acc_norm_stderr" (the tasks lm-eval gives acc_norm), "n", "chance"} of
+    one task from lm-eval's output; a stderr is None where lm-eval has none (a single document)."""
+    row, scores = output["results"][task_obj.task_name], {}
+    for metric in ("acc", "acc_norm"):
+        if f"{metric},none" in row:
+            stderr = row[f"{metric}_stderr,none"]
+            scores |= {metric: row[f"{metric},none"], f"{metric}_stderr": stderr if isinstance(stderr, float) else None}
+    return {**scores, "n": len(docs), "chance": chance_score(task_obj, docs)}
+
+
+def score_tasks(model, tokenizer, task_objs: dict, docs: dict, limit: int | None = None, batch_size: int = 8) -> dict:
+    output = run_lm_eval(model, tokenizer, task_objs, limit, batch_size)
+    return {task: task_scores(output, obj, docs[task]) for task, obj in task_objs.items()}
 
 
 def max_length(model, tokenizer) -> int:
@@ -101,68 +148,9 @@ def max_length(model, tokenizer) -> int:
     return n or (tokenizer.model_max_length if tokenizer.model_max_length < 1_000_000 else 2048)
 
 
-def _encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
-    spaces = len(context) - len(context.rstrip())  # trailing context whitespace belongs to the continuation
-    if spaces:
-        context, continuation = context[:-spaces], context[-spaces:] + continuation
-    ctx = tokenizer(context, add_special_tokens=False)["input_ids"]
-    cont = tokenizer(continuation, add_special_tokens=False)["input_ids"]
-    if not ctx:  # an empty context is conditioned on the end-of-text token, as lm-eval does
-        ctx = [tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id]
-    return ctx, cont
-
-
 def _pad_id(tokenizer) -> int:
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return pad if pad is not None else 0
-
-
-@torch.inference_mode()
-def loglikelihoods(model, tokenizer, requests: list[tuple[str, str]], batch_size: int = 8,
-                   desc: str = "loglikelihood") -> list[tuple[float, bool]]:
-    """(sum of log p(continuation tokens | context), whether greedy decoding yields them) per request.
-    Only the continuation tokens are scored; long inputs lose tokens on the left."""
-    pairs = [_encode_pair(tokenizer, c, x) for c, x in requests]
-    limit, device, pad = max_length(model, tokenizer), model_device(model), _pad_id(tokenizer)
-    order = sorted(range(len(pairs)), key=lambda i: -len(pairs[i][0]) - len(pairs[i][1]))
-    results: list[tuple[float, bool] | None] = [None] * len(pairs)
-    for start in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch", leave=False):
-        idx = order[start:start + batch_size]
-        rows = [(ctx + cont)[-(limit + 1):][:-1] for ctx, cont in (pairs[i] for i in idx)]
-        width = max(len(r) for r in rows)
-        input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for b, row in enumerate(rows):  # right padding keeps every row's positions from 0
-            input_ids[b, :len(row)] = torch.tensor(row)
-            attention_mask[b, :len(row)] = 1
-        logits = model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)).logits
-        for b, i in enumerate(idx):
-            cont = torch.tensor(pairs[i][1], device=logits.device)
-            n = len(rows[b])
-            logprobs = torch.log_softmax(logits[b, n - len(cont):n].float(), dim=-1)
-            results[i] = (logprobs.gather(-1, cont[:, None]).sum().item(), bool((logprobs.argmax(-1) == cont).all()))
-    return results
-
-
-def score_task(model, tokenizer, task: str, docs: list[dict], batch_size: int = 8) -> dict:
-    """{"acc", "acc_norm" (arc/piqa only), "n", "chance"}. acc_norm divides each choice's log-likelihood by the
-    choice's length in characters (lm-eval's completion_len, delimiter excluded)."""
-    per_doc = [task_requests(task, doc) for doc in docs]
-    flat = loglikelihoods(model, tokenizer, [r for reqs in per_doc for r in reqs], batch_size, desc=task)
-    acc, acc_norm, pos = 0.0, 0.0, 0
-    for doc, reqs in zip(docs, per_doc):
-        scored, pos = flat[pos:pos + len(reqs)], pos + len(reqs)
-        if task == "lambada_openai":
-            acc += scored[0][1]
-            continue
-        lls = [ll for ll, _ in scored]
-        acc += max(range(len(lls)), key=lls.__getitem__) == doc["gold"]
-        if task in NORMED:
-            normed = [ll / len(choice) for ll, choice in zip(lls, doc["choices"])]
-            acc_norm += max(range(len(normed)), key=normed.__getitem__) == doc["gold"]
-    n = len(docs)
-    return {"acc": acc / n, **({"acc_norm": acc_norm / n} if task in NORMED else {}), "n": n,
-            "chance": chance_score(task, docs)}
 
 
 @torch.inference_mode()
@@ -258,24 +246,22 @@ def evaluate_quality(model, tokenizer, tasks=TASKS, data_dir: str | None = None,
     split, or a .txt path / spec / list); heldout_tokens=0 skips perplexity and KL. `teacher_results`: the
     teacher's own quality dict on the same documents; its task scores are reused (recovery needs no teacher
     model then; a `teacher` model still gives the held-out KL)."""
-    tasks = parse_list(tasks, str)
-    for task in tasks:
-        _check_task(task)
-    held = {"perplexity": None, "teacher_perplexity": None, "kl_to_teacher": None, "heldout_tokens": 0}
-    if heldout_tokens > 0:  # first, so a vocabulary mismatch fails before the long task runs
-        texts = load_texts("embedded" if heldout is None else heldout, split="test")
-        # at most 4 blocks of 1,024 tokens at once: the task batch (64 on a GPU) would hold 16 blocks' logits
-        held = heldout_metrics(model, tokenizer, texts, heldout_tokens, teacher, batch_size=min(batch_size, 4))
-    docs = {task: load_task_docs(task, data_dir, limit) for task in tasks}
-    scores = {task: score_task(model, tokenizer, task, docs[task], batch_size) for task in tasks}
+    task_objs = load_tasks(tasks, data_dir)  # first: a missing file or unknown task fails before any model runs
+    tasks = list(task_objs)
+    docs = {task: task_docs(task, obj, limit) for task, obj in task_objs.items()}
     metric = {task: "acc_norm" if task in NORMED else "acc" for task in tasks}
     teacher_scores = recovery = chance_recovery = None
     if teacher_results is not None:
         teacher_scores = reuse_teacher_scores(teacher_results, tasks, docs, limit)
         teacher_name = teacher_name or teacher_results.get("model")
-    elif teacher is not None:
-        teacher_tokenizer = teacher_tokenizer or tokenizer
-        teacher_scores = {task: score_task(teacher, teacher_tokenizer, task, docs[task], batch_size) for task in tasks}
+    held = {"perplexity": None, "teacher_perplexity": None, "kl_to_teacher": None, "heldout_tokens": 0}
+    if heldout_tokens > 0:  # before the tasks, so a vocabulary mismatch fails before the long task runs
+        texts = load_texts("embedded" if heldout is None else heldout, split="test")
+        # at most 4 blocks of 1,024 tokens at once: the task batch (64 on a GPU) would hold 16 blocks' logits
+        held = heldout_metrics(model, tokenizer, texts, heldout_tokens, teacher, batch_size=min(batch_size, 4))
+    scores = score_tasks(model, tokenizer, task_objs, docs, limit, batch_size)
+    if teacher_results is None and teacher is not None:
+        teacher_scores = score_tasks(teacher, teacher_tokenizer or tokenizer, task_objs, docs, limit, batch_size)
     if teacher_scores is not None:
         def percent_of_teacher(key) -> dict:  # key(task) -> the score to compare; tasks the teacher scored 0: None
             table = {task: key(task) / teacher_scores[task][metric[task]] * 100
@@ -350,7 +336,8 @@ def save_quality(results: dict, out_dir: str | os.PathLike) -> tuple[Path, Path]
 class QualityArguments(ModelArguments):
     out: str = field(default="outputs/quality", metadata={"help": "output folder"})
     tasks: str = field(default=",".join(TASKS), metadata={"help": "comma-separated task names"})
-    data_dir: str | None = field(default=None, metadata={"help": "folder of <task>.jsonl; default: the Hub"})
+    data_dir: str | None = field(default=None, metadata={
+        "help": "folder of <task>.jsonl; default: lm-eval's own tasks on the Hub datasets"})
     limit: int | None = field(default=None, metadata={"help": "first N docs per task (default: all)"})
     heldout: str = field(default="embedded", metadata={"help": "held-out texts: linzoo.data spec or .txt path"})
     heldout_tokens: int = field(default=16384, metadata={"help": "perplexity token budget (0 = skip)"})
@@ -358,9 +345,11 @@ class QualityArguments(ModelArguments):
         "help": "the teacher's quality.json on the same tasks/--limit: its scores are reused, not recomputed "
                 "(--teacher is then needed only for the held-out KL)"})
 
-    def __post_init__(self):
+    def __post_init__(self):  # checked here, before any model loads
         for task in parse_list(self.tasks, str):
             _check_task(task)
+        if self.data_dir is not None:
+            check_data_dir(self.data_dir, parse_list(self.tasks, str))
 
 
 def main(argv: list[str] | None = None) -> dict:

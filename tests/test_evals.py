@@ -1,4 +1,5 @@
-"""Proofs of the NIAH and quality scoring on hand-made examples, tiny models and crafted logits."""
+"""Proofs of the NIAH scoring and of what linzoo adds to lm-eval's zero-shot scores, on hand-made examples, tiny
+models and crafted logits (that lm-eval scores as linzoo did before it: tests/test_lm_eval.py)."""
 
 import json
 import math
@@ -14,7 +15,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from linzoo.evals import niah, quality
 
-EVAL_DATA = Path("/work/shared/data/eval")
+EVAL_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "eval"  # ../shared beside the checkout
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 NOUNS = ["river", "garden", "teacher", "window", "mountain", "letter", "kitchen", "harbour"]
@@ -57,117 +58,89 @@ def tiny_llama(tokenizer, seed=0) -> LlamaForCausalLM:
     return LlamaForCausalLM(config).eval()
 
 
-class BigramLM(nn.Module):
-    """Logits depend only on the previous token: table[prev] (zeros = uniform); `noisy` positions get noise."""
+class UniformLM(nn.Module):
+    """Zero logits: every next token equally likely (perplexity = vocabulary size)."""
 
-    def __init__(self, tokenizer, vocab_size=None):
+    def __init__(self, vocab_size: int):
         super().__init__()
-        self.tok = tokenizer
-        self.table = nn.Parameter(torch.zeros(vocab_size or len(tokenizer), vocab_size or len(tokenizer)),
-                                  requires_grad=False)
-        self.noisy = range(0)
-
-    def prefer(self, prev: str, nxt: str, logit: float = 5.0):
-        self.table[self.tok.convert_tokens_to_ids(prev), self.tok.convert_tokens_to_ids(nxt)] = logit
-        return self
+        self.vocab_size = vocab_size
 
     def forward(self, input_ids, attention_mask=None, **kwargs):
-        logits = self.table[input_ids].clone()
-        generator = torch.Generator().manual_seed(1)
-        for t in self.noisy:
-            logits[:, t] += 10 * torch.randn(logits.shape[-1], generator=generator)
-        return SimpleNamespace(logits=logits)
+        return SimpleNamespace(logits=torch.zeros(*input_ids.shape, self.vocab_size))
 
 
-# ---------------------------------------------------------------- quality: scoring proofs
+def bigram_llama(tokenizer, prefer: dict[tuple[str, str], float]) -> LlamaForCausalLM:
+    """A Llama without layers (a model lm-eval's HFLM takes) whose logits depend only on the previous token: after
+    `a`, `prefer[(a, b)]` for `b` (else 0). Its one-hot embedding leaves the final norm as sqrt(vocab) x one-hot,
+    which lm_head maps to that token's row of the table."""
+    n = len(tokenizer)
+    config = LlamaConfig(vocab_size=n, hidden_size=n, intermediate_size=4, num_hidden_layers=0, num_attention_heads=1,
+                         num_key_value_heads=1, head_dim=2, max_position_embeddings=64, rms_norm_eps=1e-9,
+                         tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id,
+                         eos_token_id=tokenizer.eos_token_id)
+    model = LlamaForCausalLM(config).eval()
+    table = torch.zeros(n, n)
+    for (a, b), logit in prefer.items():
+        table[tokenizer.convert_tokens_to_ids(a), tokenizer.convert_tokens_to_ids(b)] = logit
+    with torch.no_grad():
+        model.model.embed_tokens.weight.copy_(torch.eye(n))
+        model.lm_head.weight.copy_(table.T / n ** 0.5)
+    return model
 
 
-@pytest.mark.parametrize("task", ["arc_easy", "piqa", "winogrande"])
-def test_preferred_choice_scores_one_and_flipped_gold_zero(task):
-    if task == "winogrande":
-        doc = {"context_options": ["Sarah helped Maria so Sarah", "Sarah helped Maria so Maria"],
-               "continuation": "was thanked.", "gold": 1}
-        text, prefer = "Sarah helped Maria so was thanked .", ("Maria", "was")
-    else:
-        doc = {"query": "Question: Is the sky blue?" + ("\n" if task == "piqa" else ""), "choices": ["yes", "no"],
-               "gold": 0}
-        text, prefer = "Question : Is the sky blue ? Answer yes no", (":", "yes")
-    model = BigramLM(word_tokenizer(text)).prefer(*prefer)
-    scores = quality.score_task(model, model.tok, task, [doc], batch_size=2)
-    flipped = quality.score_task(model, model.tok, task, [{**doc, "gold": 1 - doc["gold"]}])
-    assert scores["acc"] == 1.0 and flipped["acc"] == 0.0 and scores["n"] == 1
-    assert ("acc_norm" in scores) == (task != "winogrande")
-    if task != "winogrande":
-        assert scores["acc_norm"] == 1.0 and flipped["acc_norm"] == 0.0
+def write_jsonl(folder: Path, task: str, docs: list[dict]) -> None:
+    folder.mkdir(exist_ok=True)
+    (folder / f"{task}.jsonl").write_text("".join(json.dumps(doc) + "\n" for doc in docs))
 
 
-def test_length_normalisation_flips_the_decision():
-    # "a" is likelier than "elephant" (acc picks it), but per character "elephant" wins (acc_norm picks it).
-    model = BigramLM(word_tokenizer("Question : pick Answer a elephant"))
-    model.prefer(":", "a", 1.0).prefer(":", "elephant", 0.5)
-    doc = {"query": "Question: pick", "choices": ["a", "elephant"], "gold": 1}
-    (ll_a, _), (ll_e, _) = quality.loglikelihoods(model, model.tok, quality.task_requests("arc_easy", doc))
-    assert ll_a > ll_e and ll_e / len("elephant") > ll_a / len("a")
-    assert quality.score_task(model, model.tok, "arc_easy", [doc]) == {"acc": 0.0, "acc_norm": 1.0, "n": 1, "chance": 0.5}
+# ---------------------------------------------------------------- quality: what linzoo adds to lm-eval
 
 
-def test_requests_follow_lm_eval_formats():
-    arc = {"query": "Question: Why?", "choices": ["x", "y"], "gold": 0}
-    piqa = {"query": "Question: How?\n", "choices": ["x", "y"], "gold": 0}
-    wino = {"context_options": ["A so B", "A so C"], "continuation": "won.", "gold": 0}
-    assert quality.task_requests("arc_easy", arc) == [("Question: Why?\nAnswer:", " x"), ("Question: Why?\nAnswer:", " y")]
-    assert quality.task_requests("piqa", piqa)[1] == ("Question: How?\nAnswer:", " y")
-    assert quality.task_requests("winogrande", wino) == [("A so B", " won."), ("A so C", " won.")]
-    assert quality.task_requests("lambada_openai", {"context": "I saw", "continuation": "it"}) == [("I saw", " it")]
-    with pytest.raises(ValueError):
-        quality.task_requests("hellaswag", {})
+def test_data_dir_must_hold_each_tasks_file(tmp_path):
+    names = [f"{task}.jsonl" for task in quality.TASKS]
+    with pytest.raises(ValueError) as empty:
+        quality.load_tasks(quality.TASKS, tmp_path)
+    message = str(empty.value)
+    assert "\n" not in message and f"--data_dir {tmp_path} lacks {', '.join(names)}: it must hold" in message
+    write_jsonl(tmp_path, "piqa", [{"query": "Question: How?", "choices": ["a", "b"], "gold": 0}])
+    with pytest.raises(ValueError, match=f"lacks {', '.join(names[:-1])}: it must hold {', '.join(names)} "):
+        quality.QualityArguments(data_dir=str(tmp_path))  # the CLI's check, before any model loads
+    quality.QualityArguments(data_dir=str(tmp_path), tasks="piqa")
+    (tmp_path / "arc_challenge.jsonl").write_text("\n")
+    with pytest.raises(ValueError, match=f"--data_dir {tmp_path}: no documents in arc_challenge.jsonl"):
+        quality.load_task_docs("arc_challenge", str(tmp_path))
+    with pytest.raises(ValueError, match="piqa: no documents in .*piqa.jsonl \\(limit 0\\)"):
+        quality.load_task_docs("piqa", str(tmp_path), limit=0)
+    with pytest.raises(ValueError, match="unknown task 'hellaswag'"):
+        quality.load_tasks("piqa,hellaswag", tmp_path)
 
 
-def test_continuation_tokens_are_the_tail_and_trailing_space_moves():
-    tok = bpe_tokenizer(FILLER)
-    ctx, cont = quality._encode_pair(tok, "The river watched ", "the garden")
-    assert tok.decode(ctx) == "The river watched" and tok.decode(cont) == " the garden"
-    assert cont == tok(" the garden", add_special_tokens=False)["input_ids"]
+def test_chance_is_the_mean_of_one_over_lm_evals_number_of_choices(tmp_path):
+    write_jsonl(tmp_path, "arc_easy", [{"query": "Question: Q", "choices": ["a", "b"], "gold": 0},
+                                       {"query": "Question: Q", "choices": ["a", "b", "c", "d"], "gold": 0}])
+    write_jsonl(tmp_path, "winogrande", [{"context_options": ["A so B", "A so C"], "continuation": "won.", "gold": 0}])
+    write_jsonl(tmp_path, "lambada_openai", [{"context": "I saw", "continuation": "it"}])
+    tasks = quality.load_tasks("arc_easy,winogrande,lambada_openai", tmp_path)
+    chance = {task: quality.chance_score(obj, quality.task_docs(task, obj)) for task, obj in tasks.items()}
+    assert chance == {"arc_easy": pytest.approx((1 / 2 + 1 / 4) / 2),  # not 1 / mean(3)
+                      "winogrande": 0.5, "lambada_openai": 0.0}  # LAMBADA's answer is generated, not chosen
 
 
-def test_only_continuation_tokens_are_scored():
-    model = BigramLM(word_tokenizer("a b c d e f")).prefer("d", "e").prefer("e", "f", 2.0)
-    request = [("a b c d", " e f")]  # 4 context tokens: positions 0-2 predict context, 3 predicts "e"
-    (clean, greedy), = quality.loglikelihoods(model, model.tok, request)
-    model.noisy = range(0, 3)
-    assert quality.loglikelihoods(model, model.tok, request)[0] == pytest.approx((clean, greedy))
-    model.noisy = range(0, 4)
-    assert quality.loglikelihoods(model, model.tok, request)[0][0] != pytest.approx(clean)
-    expected = torch.log_softmax(model.table[model.tok.convert_tokens_to_ids(["d", "e"])], -1)
-    assert clean == pytest.approx(expected[0, model.tok.convert_tokens_to_ids("e")].item()
-                                  + expected[1, model.tok.convert_tokens_to_ids("f")].item())
-
-
-def test_lambada_is_greedy_exact_match():
-    model = BigramLM(word_tokenizer("I do not care about signs dogs today")).prefer("about", "signs")
-    docs = [{"context": "I do not care about", "continuation": "signs"},  # argmax: hit
-            {"context": "I do not care about", "continuation": "dogs"},  # not the argmax
-            {"context": "I do not care about", "continuation": "signs today"}]  # 2nd token not greedy
-    assert [quality.score_task(model, model.tok, "lambada_openai", [d])["acc"] for d in docs] == [1.0, 0.0, 0.0]
-    assert quality.score_task(model, model.tok, "lambada_openai", docs, batch_size=2) == {"acc": 1 / 3, "n": 3, "chance": 0.0}
-
-
-def test_left_truncation_keeps_the_continuation():
-    model = BigramLM(word_tokenizer("a b c d e f")).prefer("e", "f")
-    model.config = SimpleNamespace(max_position_embeddings=3)
-    long, short = quality.loglikelihoods(model, model.tok, [("a b c d e", " f"), ("e", " f")])
-    assert long == pytest.approx(short)
-
-
-def test_chance_is_the_mean_of_one_over_the_number_of_choices():
-    docs = [{"query": "Q", "choices": ["a", "b"], "gold": 0}, {"query": "Q", "choices": ["a", "b", "c", "d"], "gold": 0}]
-    assert quality.chance_score("arc_easy", docs) == pytest.approx((1 / 2 + 1 / 4) / 2)  # not 1 / mean(3)
-    assert quality.chance_score("lambada_openai", [{"context": "a", "continuation": "b"}]) == 0
+def test_lambada_is_greedy_exact_match(tmp_path):
+    tok = word_tokenizer("I do not care about signs dogs today")
+    model = bigram_llama(tok, {("about", "signs"): 5.0})
+    write_jsonl(tmp_path, "lambada_openai", [
+        {"context": "I do not care about", "continuation": "signs"},  # argmax: hit
+        {"context": "I do not care about", "continuation": "dogs"},  # not the argmax
+        {"context": "I do not care about", "continuation": "signs today"}])  # 2nd token not greedy
+    results = quality.evaluate_quality(model, tok, "lambada_openai", str(tmp_path), batch_size=2, heldout_tokens=0)
+    assert results["tasks"]["lambada_openai"] == {"acc": pytest.approx(1 / 3), "acc_stderr": pytest.approx(1 / 3),
+                                                  "n": 3, "chance": 0.0}
 
 
 def test_heldout_perplexity_and_kl():
     tok = bpe_tokenizer(FILLER)
-    uniform, student = BigramLM(tok), tiny_llama(tok)
+    uniform, student = UniformLM(len(tok)), tiny_llama(tok)
     assert quality.heldout_metrics(uniform, tok, FILLER, 200)["perplexity"] == pytest.approx(len(tok))
     same = quality.heldout_metrics(student, tok, FILLER, 300, teacher=student, block_size=64)
     assert same["heldout_tokens"] == 300 and same["kl_to_teacher"] == pytest.approx(0.0, abs=1e-5)
@@ -183,28 +156,29 @@ def test_heldout_perplexity_and_kl():
                                      token_chunk=7)
     assert sliced == pytest.approx(blocks, rel=1e-5)
     with pytest.raises(ValueError, match="vocabulary"):
-        quality.heldout_metrics(student, tok, FILLER, 100, teacher=BigramLM(tok, vocab_size=len(tok) + 7))
+        quality.heldout_metrics(student, tok, FILLER, 100, teacher=UniformLM(len(tok) + 7))
 
 
 def test_recovery_uses_acc_norm_where_defined_and_schema(tmp_path):
     tok = word_tokenizer("Question : Q Answer : a elephant Sarah so B C won .")
-    teacher = BigramLM(tok).prefer(":", "a", 1.0).prefer(":", "elephant", 0.5).prefer("C", "won")
-    student = BigramLM(tok).prefer(":", "a").prefer("B", "won")
+    # the teacher: "a" likelier than "elephant" (acc picks it), "elephant" likelier per character (acc_norm picks it)
+    teacher = bigram_llama(tok, {(":", "a"): 1.0, (":", "elephant"): 0.5, ("C", "won"): 5.0})
+    student = bigram_llama(tok, {(":", "a"): 5.0, ("B", "won"): 5.0})
     data = tmp_path / "data"
-    data.mkdir()
-    (data / "arc_easy.jsonl").write_text(json.dumps({"query": "Question: Q", "choices": ["a", "elephant"], "gold": 1}))
-    (data / "winogrande.jsonl").write_text("\n".join(  # the student gets the 2nd right only by a tie (index 0)
-        json.dumps({"context_options": [f"Sarah so {x}", f"Sarah so {y}"], "continuation": "won.", "gold": gold})
-        for x, y, gold in [("B", "C", 1), ("C", "Q", 0)]))
+    write_jsonl(data, "arc_easy", [{"query": "Question: Q", "choices": ["a", "elephant"], "gold": 1}])
+    write_jsonl(data, "winogrande", [  # the student gets the 2nd right only by a tie (index 0)
+        {"context_options": [f"Sarah so {x}", f"Sarah so {y}"], "continuation": "won.", "gold": gold}
+        for x, y, gold in [("B", "C", 1), ("C", "Q", 0)]])
     results = quality.evaluate_quality(student, tok, "arc_easy,winogrande", str(data), None, 4, teacher,
                                        heldout=["Question : B C won ."], heldout_tokens=4, model_name="s",
                                        teacher_name="t")
     assert set(results) == QUALITY_KEYS and results["schema"] == "linzoo.quality/v1"
     assert results["recovery_metric"] == {"arc_easy": "acc_norm", "winogrande": "acc"}
-    assert results["tasks"]["arc_easy"] == {"acc": 0.0, "acc_norm": 0.0, "n": 1, "chance": 0.5}
-    assert results["teacher_tasks"]["arc_easy"] == {"acc": 0.0, "acc_norm": 1.0, "n": 1, "chance": 0.5}
-    assert results["tasks"]["winogrande"] == {"acc": 0.5, "n": 2, "chance": 0.5}
-    assert results["teacher_tasks"]["winogrande"]["acc"] == 1
+    one_doc = {"acc_stderr": None, "acc_norm_stderr": None, "n": 1, "chance": 0.5}  # lm-eval: no stderr of 1 doc
+    assert results["tasks"]["arc_easy"] == {"acc": 0.0, "acc_norm": 0.0, **one_doc}
+    assert results["teacher_tasks"]["arc_easy"] == {"acc": 0.0, "acc_norm": 1.0, **one_doc}
+    assert results["tasks"]["winogrande"] == {"acc": 0.5, "acc_stderr": pytest.approx(0.5), "n": 2, "chance": 0.5}
+    assert results["teacher_tasks"]["winogrande"] == {"acc": 1.0, "acc_stderr": 0.0, "n": 2, "chance": 0.5}
     assert results["recovery"] == {"arc_easy": 0.0, "winogrande": 50.0, "average": 25.0}
     # a uniform guess: 0.5 on both, against the teacher's 1.0 and 1.0
     assert results["chance_recovery"] == {"arc_easy": 50.0, "winogrande": 50.0, "average": 50.0}
@@ -221,7 +195,7 @@ def test_recovery_uses_acc_norm_where_defined_and_schema(tmp_path):
                                     teacher_results=older)["recovery"] == results["recovery"]
     assert reused["teacher_tasks"] == results["teacher_tasks"] and reused["recovery"] == results["recovery"]
     assert reused["teacher"] == "t" and reused["kl_to_teacher"] is None
-    (data / "piqa.jsonl").write_text(json.dumps({"query": "Question: Q", "choices": ["a", "B"], "gold": 0}))
+    write_jsonl(data, "piqa", [{"query": "Question: Q", "choices": ["a", "B"], "gold": 0}])
     with pytest.raises(ValueError, match="no scores for \\['piqa'\\]"):
         quality.evaluate_quality(student, tok, "piqa", str(data), None, 4, heldout_tokens=0, teacher_results=alone)
     with pytest.raises(ValueError, match="a student's"):  # scored against a teacher: not the teacher's own results
@@ -229,28 +203,36 @@ def test_recovery_uses_acc_norm_where_defined_and_schema(tmp_path):
     with pytest.raises(ValueError, match="other documents"):  # 1 winogrande doc here, 2 in the teacher's results
         quality.evaluate_quality(student, tok, "winogrande", str(data), 1, 4, heldout_tokens=0, teacher_results=alone)
     # same counts, other contents: caught by the documents' fingerprints
-    (data / "winogrande.jsonl").write_text("\n".join(
-        json.dumps({"context_options": [f"Sarah so {x}", f"Sarah so {y}"], "continuation": "won.", "gold": gold})
-        for x, y, gold in [("C", "B", 0), ("C", "Q", 0)]))
+    write_jsonl(data, "winogrande", [
+        {"context_options": [f"Sarah so {x}", f"Sarah so {y}"], "continuation": "won.", "gold": gold}
+        for x, y, gold in [("C", "B", 0), ("C", "Q", 0)]])
     with pytest.raises(ValueError, match="different contents"):
         quality.evaluate_quality(student, tok, "winogrande", str(data), None, 4, heldout_tokens=0, teacher_results=alone)
-    (data / "arc_challenge.jsonl").write_text("\n")
-    with pytest.raises(ValueError, match="arc_challenge: no documents in .*arc_challenge.jsonl"):
-        quality.evaluate_quality(student, tok, "arc_challenge", str(data), None, 4, heldout_tokens=0)
+
+
+# sha256 of the first 20 documents of each task in ../shared/data/eval, as the code before lm-eval loaded them:
+# teacher results written then (--teacher_results) still match the documents lm-eval scores now.
+EVAL_DATA_SHA256_20 = {
+    "lambada_openai": "a2fbf0abbee7d38e6c13e1dab2e178a456d45e3a59564c439a21d7b55e37591e",
+    "winogrande": "557448de28146441b8e6d6da70e215f9442ec916ae7577f22feaf280819ccdca",
+    "arc_easy": "b0fb8082ceca05d77bde4b5aee2f091b7833f9c84d19001e652fa2a28c05231d",
+    "arc_challenge": "8fa1501a88c05e5db46eea2b1483b57987b961dc3f7d4b8b2974857aa58eb847",
+    "piqa": "1ac29787755981f60b372bde30aac36fc85fabe9153000c2650b5ac83a0d3f2f",
+}
 
 
 @pytest.mark.skipif(not EVAL_DATA.is_dir(), reason="shared eval data missing")
 def test_real_tasks_end_to_end_with_tiny_llama(tmp_path):
-    docs = {t: quality.load_task_docs(t, str(EVAL_DATA), limit=20) for t in quality.TASKS}
-    assert all(len(d) == 20 for d in docs.values())
-    tok = bpe_tokenizer([r[0] + r[1] for t, ds in docs.items() for d in ds for r in quality.task_requests(t, d)])
+    tok = bpe_tokenizer(FILLER)
     student, teacher = tiny_llama(tok, seed=0), tiny_llama(tok, seed=1)
     results = quality.evaluate_quality(student, tok, quality.TASKS, str(EVAL_DATA), 20, 8, teacher, tok,
                                        heldout=FILLER, heldout_tokens=256)
     assert set(results) == QUALITY_KEYS and results["limit"] == 20
+    assert results["docs_sha256"] == EVAL_DATA_SHA256_20
     for task, scores in results["tasks"].items():
-        assert set(scores) == ({"acc", "acc_norm", "n", "chance"} if task in quality.NORMED else {"acc", "n", "chance"})
-        assert scores["n"] == 20 and 0 <= scores["acc"] <= 1
+        metrics = ("acc", "acc_norm") if task in quality.NORMED else ("acc",)
+        assert set(scores) == {*metrics, *(f"{m}_stderr" for m in metrics), "n", "chance"}
+        assert scores["n"] == 20 and 0 <= scores["acc"] <= 1 and scores["acc_stderr"] >= 0
     # chance: 0 for LAMBADA (generated), 1/2 for the two-way tasks, 1/4 for ARC (this copy: 4 choices each)
     chance = {t: s["chance"] for t, s in results["tasks"].items()}
     assert chance["lambada_openai"] == 0 and chance["winogrande"] == chance["piqa"] == 0.5

@@ -1,52 +1,31 @@
-"""Loaders for linzoo's local lm-eval-harness tasks (referenced by `custom_dataset: !function utils.<task>`).
-
-Each task reads `<task>.jsonl` in the llm-foundry local format that `linzoo eval quality --data_dir` reads.
-Where the file comes from, first match wins:
-
-1. `data_files`: the path of one JSONL file, via lm-eval's metadata (only sensible for a single task):
-   `--metadata '{"data_files": "/data/arc_easy.jsonl"}'`
-2. `data_dir`: a folder holding `<task>.jsonl`, via metadata: `--metadata '{"data_dir": "/data/eval"}'`
-3. the environment variable `LINZOO_EVAL_DATA` (a folder holding `<task>.jsonl`)
-4. the sample shipped beside this file (only `arc_easy_sample.jsonl`: the first 50 arc_easy docs)
-
-lm-eval calls the loader with the task's metadata (plus, from the CLI or `simple_evaluate`, the model_args
-keys), so unknown keyword arguments are ignored.
-"""
+"""The loader behind `custom_dataset: !function utils.<task>`: `<data_dir>/<task>.jsonl` (llm-foundry format, one
+document a line) as the one "test" split the task YAMLs name. `data_dir` comes from lm-eval's task metadata
+(`--metadata '{"data_dir": ...}'`, or `TaskManager(metadata=...)`), which lm-eval passes to the loader along with
+keys of its own (hence `**_ignored`)."""
 
 from __future__ import annotations
 
-import os
+import json
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-SAMPLES = {"arc_easy": HERE / "arc_easy_sample.jsonl"}
-ENV = "LINZOO_EVAL_DATA"
+
+def _rows(path: str | Path) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
-def resolve_data_file(task: str, data_files: str | None = None, data_dir: str | None = None) -> Path:
-    """The JSONL file the task `task` reads (see the module docstring for the order)."""
-    if data_files:
-        path = Path(data_files).expanduser()
-    elif data_dir or os.environ.get(ENV):
-        path = Path(data_dir or os.environ[ENV]).expanduser() / f"{task}.jsonl"
-    elif task in SAMPLES:
-        path = SAMPLES[task]
-    else:
-        raise FileNotFoundError(
-            f"linzoo_{task}_local needs data: pass --metadata '{{\"data_dir\": \"/folder/with/{task}.jsonl\"}}' "
-            f"or set ${ENV} to that folder (no sample of {task} ships with linzoo)."
-        )
-    if not path.is_file():
-        raise FileNotFoundError(f"linzoo_{task}_local: no such file {path}")
-    return path
-
-
-def _load(task: str, data_files: str | None = None, data_dir: str | None = None, **_ignored):
+def _load(task: str, data_dir: str | None = None, **_ignored):
     import datasets
 
-    path = resolve_data_file(task, data_files, data_dir)
-    # A DatasetDict with one "test" split, which the YAMLs name as their test_split.
-    return datasets.load_dataset("json", data_files={"test": str(path)})
+    if not data_dir:
+        raise ValueError(f"linzoo_{task}_local reads <data_dir>/{task}.jsonl: pass --metadata "
+                         f"'{{\"data_dir\": \"/folder/with/{task}.jsonl\"}}'")
+    path = Path(data_dir) / f"{task}.jsonl"
+    rows = _rows(path)
+    if not rows:
+        raise ValueError(f"linzoo_{task}_local: no documents in {path}")
+    # from_list, not load_dataset("json"): no Arrow cache keyed on the file's path, and the same rows as json.loads
+    return datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)})
 
 
 def arc_easy(**kwargs):
