@@ -21,8 +21,10 @@ class Mamba2(LinearMixer):
     title = "Mamba-2 (SSD)"
     recurrence = "S_t = exp(−e^A Δ_t) S_{t-1} + Δ_t k_t v_tᵀ, per-head step Δ_t = softplus(a·x_t + dt)"
     new_parameters = "A_log, dt, Δ projection, short conv"
-    # SSD with a scalar decay per head is fla's simple GLA with the step folded into v.
-    fast_kernels = FastKernels("the mamba2 kernels", chunk="fla.ops.simple_gla.chunk_simple_gla",
+    # SSD with a scalar decay per head is GLA with that decay on every key channel, the step folded into v. Training
+    # uses fla's GLA chunk kernel: fla 0.6's simple-GLA chunk backward with a data-dependent decay refuses Hopper
+    # GPUs under Triton < 3.7.1 (fla #640) and its tilelang path does not cover it; decoding uses simple GLA's step.
+    fast_kernels = FastKernels("the mamba2 kernels", chunk="fla.ops.gla.chunk_gla",
                                recurrent="fla.ops.simple_gla.fused_recurrent_simple_gla")
     short_conv = True
     # fla's Mamba-2 has no MLP blocks; expand=1 keeps its heads at the 135M shape's 9 x 64.
@@ -43,4 +45,7 @@ class Mamba2(LinearMixer):
         return -self.A_log.float().exp() * dt, dt
 
     def fast_call(self, fns, recurrent, q, k, v, g, beta, **common):
-        return fns["recurrent" if recurrent else "chunk"](q, k, v * beta.unsqueeze(-1), g=g, **common)
+        v = v * beta.unsqueeze(-1)
+        if recurrent:
+            return fns["recurrent"](q, k, v, g=g, **common)
+        return fns["chunk"](q, k, v, g=g.unsqueeze(-1).expand(k.shape).contiguous(), **common)

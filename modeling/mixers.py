@@ -31,7 +31,8 @@ def mixer_table():
     """The mixers as a Markdown table (README, docs): config value, recurrence, new parameters, fast kernel."""
     rows = ["| `mixer` | recurrence | new parameters | fast kernel |", "|---|---|---|---|"]
     for cls in MIXER_CLASSES.values():
-        modules = [p.split(".")[:-1] for p in cls.fast_kernels.paths.values()]
-        common = [parts[0] for parts in zip(*modules) if len(set(parts)) == 1]  # the kernels' shared package
-        rows.append(f"| `{cls.name}` | {cls.recurrence} | {cls.new_parameters} | {'.'.join(common)} |")
+        modules = {role: path.rsplit(".", 1)[0] for role, path in cls.fast_kernels.paths.items()}
+        kernels = modules["chunk"] if len(set(modules.values())) == 1 else ", ".join(
+            f"{module} ({'decoding' if role == 'recurrent' else role})" for role, module in modules.items())
+        rows.append(f"| `{cls.name}` | {cls.recurrence} | {cls.new_parameters} | {kernels} |")
     return "\n".join(rows)

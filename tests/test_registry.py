@@ -38,7 +38,8 @@ def test_every_mixer_declares_its_facts(name):
 
 def test_no_mixer_is_named_outside_its_file_and_the_registry():
     """Names (and the hyphenated forms used in repo names) in the product's folders: only mixer_<name>.py and
-    mixers.py may spell them; everything else asks the registry."""
+    mixers.py may spell them; everything else asks the registry. (A kernel package's module path, such as
+    fla's `fla.ops.gla`, is that package's name, not ours.)"""
     found = []
     for folder in PACKAGE_DIRS:
         for path in sorted((ROOT / folder).rglob("*")):
@@ -49,7 +50,7 @@ def test_no_mixer_is_named_outside_its_file_and_the_registry():
                 if path.name in (f"mixer_{name}.py", "mixers.py"):
                     continue
                 for variant in {name, name.replace("_", "-")}:
-                    for m in re.finditer(rf"\b{re.escape(variant)}\b", text):
+                    for m in re.finditer(rf"(?<![\w.]){re.escape(variant)}\b", text):
                         found.append(f"{path.relative_to(ROOT)}:{text[:m.start()].count(chr(10)) + 1}: {variant}")
     assert not found, "\n".join(found)
 
@@ -81,7 +82,7 @@ def test_state_shapes_match_a_real_cache():
 
 STUB_GLA = '''
 from linzoo.modeling.linear_ops import torch_chunk, torch_recurrent
-CALLS = []
+CALLS = []  # which stand-in ran, so the test sees the fast path was taken
 
 def chunk_gla(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
     CALLS.append("chunk")
@@ -93,10 +94,14 @@ def fused_recurrent_gla(q, k, v, gk=None, scale=None, initial_state=None, output
     return torch_recurrent(q, k, v, gk, None, delta=False, scale=scale, initial_state=initial_state,
                            output_final_state=output_final_state)
 '''
+# fla's simple GLA decoding step (a per-head decay), as documented
+STUB_SIMPLE_GLA = STUB_GLA.replace("gk=None", "g=None").replace("v, gk, None", "v, g, None").replace(
+    "fused_recurrent_gla", "fused_recurrent_simple_gla").replace("def chunk_gla", "def chunk_simple_gla")
 
 CHECK = textwrap.dedent('''
     import json, sys, warnings
     import torch
+    from linzoo.convert import fresh_parameters
     from linzoo.modeling import LinzooConfig, LinzooForCausalLM, kernels
     from linzoo.modeling.mixers import MIXER_CLASSES
 
@@ -104,13 +109,22 @@ CHECK = textwrap.dedent('''
     out = {}
 
     def logits(mixer, backend):
+        """Logits of a short input (the decoding kernels' length) and a long one (the chunk kernels'), and of a
+        few generated tokens, from a model whose gates depend on the input."""
         torch.manual_seed(0)
         config = LinzooConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                               num_attention_heads=4, num_key_value_heads=2, chunk_size=8, kernel_backend=backend,
                               mixer=mixer)
         model = LinzooForCausalLM(config).eval()
         with torch.no_grad():
-            return model(torch.arange(1, 20)[None]).logits
+            fresh = set(fresh_parameters(model))
+            for name, p in model.named_parameters():
+                if name in fresh:
+                    p.add_(0.3 * torch.randn_like(p))
+            short = model(torch.arange(1, 20)[None]).logits
+            long = model((torch.arange(1, 81) % 49 + 1)[None]).logits
+            generated = model.generate(torch.arange(1, 10)[None], max_new_tokens=4, do_sample=False)
+        return torch.cat([short.flatten(), long.flatten(), generated.flatten().float()])
 
     for mixer in sys.argv[1:]:
         with warnings.catch_warnings(record=True) as caught:
@@ -143,10 +157,13 @@ def _run_with_stub_fla(tmp_path, files, mixers):
 
 def test_partial_fla_falls_back_per_mixer(tmp_path):
     """An fla with gla's kernels but no kda (and none of the fused ops): gla runs its kernels, kda falls back."""
-    out = _run_with_stub_fla(tmp_path, {"fla/ops/gla.py": STUB_GLA}, ["gla", "kda"])
+    out = _run_with_stub_fla(tmp_path, {"fla/ops/gla.py": STUB_GLA, "fla/ops/simple_gla.py": STUB_SIMPLE_GLA},
+                             ["gla", "kda", "mamba2"])
     gla, kda = out["gla"], out["kda"]
     assert gla["fast_path"] and gla["same_logits"] and gla["fast_error"] is None and out["gla_stub_calls"] > 0
     assert not kda["fast_path"] and kda["same_logits"]
+    # mamba2 maps its per-head decay and step onto the GLA chunk kernel and the simple-GLA step: same numbers
+    assert out["mamba2"]["fast_path"] and out["mamba2"]["same_logits"] and out["mamba2"]["fast_error"] is None
     kda_warnings = [w for w in kda["warnings"] if "fla.ops.kda" in w]
     assert len(kda_warnings) == 1 and "pure-torch path" in kda_warnings[0] and "pip install" in kda_warnings[0]
     assert "fla.ops.kda" in kda["fast_error"] and "kernel_backend" in kda["fast_error"]
