@@ -357,8 +357,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     (args,) = HfArgumentParser(QualityArguments).parse_args_into_dataclasses(args=argv)
     teacher_results = json.loads(Path(args.teacher_results).read_text()) if args.teacher_results else None
-    model, tokenizer = load_for_eval(args.model, args.device, args.dtype)
-    teacher, teacher_tokenizer = (load_for_eval(args.teacher, args.device, args.dtype, teacher=True)
+    model, tokenizer = load_for_eval(args.model, args.device, args.dtype, trust_remote_code=args.trust_remote_code)
+    teacher, teacher_tokenizer = (load_for_eval(args.teacher, args.device, args.dtype, teacher=True,
+                                                trust_remote_code=args.trust_remote_code)
                                   if args.teacher else (None, None))
     results = evaluate_quality(model, tokenizer, args.tasks, args.data_dir, args.limit, args.batch_size, teacher,
                                teacher_tokenizer, args.heldout, args.heldout_tokens, args.model, args.teacher,
