@@ -30,6 +30,25 @@ def init_decay(A_log, dt_bias):
     init.copy_(dt_bias, dt + torch.log(-torch.expm1(-dt)))
 
 
+class HeadDecay:
+    """A data-dependent decay per head, as Mamba-2 and Gated DeltaNet have it: step dt_t = softplus(a.x_t + dt_bias),
+    log-decay g_t = -exp(A_log) dt_t. Parameters `a_proj`, `A_log`, `dt_bias` (fla's names); a mixin for a mixer."""
+
+    def add_head_decay(self, config):
+        self.a_proj = nn.Linear(config.hidden_size, self.num_heads, bias=False)
+        self.A_log = nn.Parameter(torch.zeros(self.num_heads))
+        self.dt_bias = nn.Parameter(torch.zeros(self.num_heads))
+
+    def reset_head_decay(self):
+        init.zeros_(self.a_proj.weight)
+        init_decay(self.A_log, self.dt_bias)
+
+    def head_decay(self, x):
+        """(log-decay g [B, T, H], step dt [B, T, H]) in fp32."""
+        dt = F.softplus(self.a_proj(x).float() + self.dt_bias)
+        return -self.A_log.float().exp() * dt, dt
+
+
 class RMSNorm(nn.Module):
     """Llama's RMSNorm; with a `config` whose kernels run on CUDA (`use_fused_ops`), fla's fused kernel."""
 

@@ -1,15 +1,10 @@
 """Gated DeltaNet (Yang et al., 2025): the delta rule with a data-dependent per-head decay."""
 
-import torch
-import torch.nn.functional as F
-from torch import nn
-from transformers import initialization as init
-
 from .kernels import FastKernels
-from .mixer_base import DeltaRuleMixer, init_decay
+from .mixer_base import DeltaRuleMixer, HeadDecay
 
 
-class GatedDeltaNet(DeltaRuleMixer):
+class GatedDeltaNet(DeltaRuleMixer, HeadDecay):
     """S_t = alpha_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T, alpha_t = exp(-exp(A) softplus(a.x_t + dt_bias))."""
 
     name = "gated_deltanet"
@@ -23,18 +18,14 @@ class GatedDeltaNet(DeltaRuleMixer):
 
     def __init__(self, config, layer_idx):
         super().__init__(config, layer_idx)
-        self.a_proj = nn.Linear(config.hidden_size, self.num_heads, bias=False)
-        self.A_log = nn.Parameter(torch.zeros(self.num_heads))
-        self.dt_bias = nn.Parameter(torch.zeros(self.num_heads))
+        self.add_head_decay(config)
 
     def reset_new_parameters(self):
         super().reset_new_parameters()
-        init.zeros_(self.a_proj.weight)
-        init_decay(self.A_log, self.dt_bias)
+        self.reset_head_decay()
 
     def gates(self, x):
-        g = -self.A_log.float().exp() * F.softplus(self.a_proj(x).float() + self.dt_bias)
-        return g, self.beta(x)
+        return self.head_decay(x)[0], self.beta(x)
 
     def fast_call(self, fns, recurrent, q, k, v, g, beta, **common):
         return fns["recurrent" if recurrent else "chunk"](q, k, v, g=g, beta=beta, **common)

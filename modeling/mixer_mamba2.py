@@ -1,26 +1,22 @@
 """Mamba-2's state-space duality (Dao & Gu, 2024): a scalar per-head decay tied to an input-dependent step.
 
 In Mamba-2's names C_t = q_t, B_t = k_t, x_t = v_t (the teacher's projections, through the short convolution
-with SiLU as Mamba-2's conv1d), Δ_t = softplus(a·x_t + dt_bias) and decay exp(−e^A Δ_t). Mamba-2's D skip and
-z-gated norm are left out: the per-head output norm plays the norm's part, as for the other mixers.
+with SiLU as Mamba-2's conv1d), Δ_t = softplus(a·x_t + dt_bias) and decay exp(−e^A Δ_t) (`mixer_base.HeadDecay`).
+Mamba-2's D skip and z-gated norm are left out: the per-head output norm plays the norm's part, as for the other
+mixers.
 """
 
-import torch
-import torch.nn.functional as F
-from torch import nn
-from transformers import initialization as init
-
 from .kernels import FastKernels
-from .mixer_base import LinearMixer, init_decay
+from .mixer_base import HeadDecay, LinearMixer
 
 
-class Mamba2(LinearMixer):
+class Mamba2(LinearMixer, HeadDecay):
     """S_t = exp(-exp(A) dt_t) S_{t-1} + dt_t k_t v_t^T, dt_t = softplus(a.x_t + dt_bias) per head."""
 
     name = "mamba2"
     title = "Mamba-2 (SSD)"
     recurrence = "S_t = exp(−e^A Δ_t) S_{t-1} + Δ_t k_t v_tᵀ, per-head step Δ_t = softplus(a·x_t + dt)"
-    new_parameters = "A_log, dt, Δ projection, short conv"
+    new_parameters = "Δ (A_log, dt, its projection), short conv"
     # SSD with a scalar decay per head is GLA with that decay on every key channel, the step folded into v. Training
     # uses fla's GLA chunk kernel: fla 0.6's simple-GLA chunk backward with a data-dependent decay refuses Hopper
     # GPUs under Triton < 3.7.1 (fla #640) and its tilelang path does not cover it; decoding uses simple GLA's step.
@@ -32,17 +28,13 @@ class Mamba2(LinearMixer):
 
     def __init__(self, config, layer_idx):
         super().__init__(config, layer_idx)
-        self.dt_proj = nn.Linear(config.hidden_size, self.num_heads, bias=False)
-        self.A_log = nn.Parameter(torch.zeros(self.num_heads))
-        self.dt_bias = nn.Parameter(torch.zeros(self.num_heads))
+        self.add_head_decay(config)  # Mamba-2's dt projection is `a_proj`
 
     def reset_new_parameters(self):
-        init.zeros_(self.dt_proj.weight)
-        init_decay(self.A_log, self.dt_bias)
+        self.reset_head_decay()
 
     def gates(self, x):
-        dt = F.softplus(self.dt_proj(x).float() + self.dt_bias)
-        return -self.A_log.float().exp() * dt, dt
+        return self.head_decay(x)  # (log-decay, step): the step scales the write
 
     def fast_call(self, fns, recurrent, q, k, v, g, beta, **common):
         v = v * beta.unsqueeze(-1)

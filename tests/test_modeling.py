@@ -49,7 +49,7 @@ NEW_PARAMS = {
     "gated_deltanet": _DELTA | {"a_proj.weight", "A_log", "dt_bias"},
     "kda": _DELTA | {"f_proj.0.weight", "f_proj.1.weight", "A_log", "dt_bias"},
     "xlstm": {"o_norm.weight", "igate.weight", "igate.bias", "fgate.weight", "fgate.bias"},
-    "mamba2": {"o_norm.weight", "dt_proj.weight", "A_log", "dt_bias"} | _CONV,
+    "mamba2": {"o_norm.weight", "a_proj.weight", "A_log", "dt_bias"} | _CONV,
 }
 # First factors of low-rank gates whose second factor starts at zero: no gradient at init, by design.
 ZERO_GRAD_AT_INIT = {"gla": {"gk_proj.0.weight"}, "kda": {"f_proj.0.weight"}}
@@ -261,7 +261,7 @@ INIT_CHECKS = {  # the documented start of each mixer's new parameters (modeling
     "kda": {"b_proj.weight": 0.0, "b_proj.bias": 0.0, "f_proj.1.weight": 0.0, "decay": _gates_near_one},
     "xlstm": {"igate.weight": 0.0, "igate.bias": -10.0, "fgate.weight": 0.0,
               "fgate.bias": lambda a, H: torch.linspace(3.0, 6.0, H)},
-    "mamba2": {"dt_proj.weight": 0.0, "decay": _gates_near_one},
+    "mamba2": {"a_proj.weight": 0.0, "decay": _gates_near_one},
 }
 
 
