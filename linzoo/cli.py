@@ -20,7 +20,7 @@ COMMANDS = {
     "eval quality": ("linzoo.evals.quality", "zero-shot tasks, perplexity, KL and teacher recovery (JSON + bars)"),
     "card": ("linzoo.hub_cards.card", "write a model card from measured results"),
     "push": ("linzoo.hub_cards.push", "upload one checkpoint to the Hub"),
-    "push-zoo": ("linzoo.hub_cards.push_zoo", "upload the 7 x 3 zoo and its collection (dry-run by default)"),
+    "push-zoo": ("linzoo.hub_cards.push_zoo", "upload the zoo (every mixer x base/instruct/instruct-distilled), its Space and collection (dry run by default)"),
     "space": ("linzoo.hub_cards.space", "run the NIAH Gradio Space locally"),
 }
 DEBUG_FLAG = "--debug"  # exactly this word; `--debug=...` still reaches TrainingArguments' own --debug option

@@ -1,4 +1,4 @@
-"""Pure-torch reference forms of the one recurrence behind all seven linzoo mixers.
+"""Pure-torch reference forms of the one recurrence behind every linzoo mixer.
 
 Per head, with a state S of shape [K, V] (fp32):
 
@@ -8,7 +8,7 @@ Per head, with a state S of shape [K, V] (fp32):
 
 `g` is a log-decay (<= 0), per head [B, T, H] or per key channel [B, T, H, K], or absent (no decay);
 `b` is the delta-rule strength (delta=True) or a write scale (xLSTM's input gate), or absent (1).
-Linear attention, RetNet, GLA, DeltaNet, Gated DeltaNet, KDA and mLSTM are choices of g, b and delta.
+Every mixer (`mixer_<name>.py`) is a choice of g, b and delta.
 
 `torch_chunk` is the chunked form for training/prefill (pairwise in-chunk decays are formed as
 exp(G_i - G_j) for j <= i only, so nothing overflows; the delta rule's in-chunk triangular system is

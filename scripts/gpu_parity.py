@@ -1,4 +1,4 @@
-"""Fast kernels vs the pure-torch path for all seven mixers at the real 135M shape (needs CUDA).
+"""Fast kernels vs the pure-torch path for every registered mixer at the real 135M shape (needs CUDA).
 
     python scripts/gpu_parity.py --out results/gpu_parity.json [--teacher embedded] [--layer 15]
 
