@@ -9,6 +9,8 @@ task = student score / teacher score x 100, where the score is acc_norm for the 
 arc_challenge, piqa) and acc otherwise, "average" the mean over tasks; `chance`, the expected score of a uniform
 random guess (1 / number of choices, averaged over the documents; 0 for LAMBADA), and `chance_recovery`, the
 recovery such a guesser gets (about 65 % against SmolLM2-135M): a student near it has learnt nothing the tasks see.
+The headline is therefore `recovery_above_chance`: (s - c) / (t - c) x 100, the share of the teacher's skill above
+chance that the student keeps, averaged over the tasks where the teacher is >= 3 standard errors above chance.
 """
 
 from __future__ import annotations
@@ -238,6 +240,27 @@ def reuse_teacher_scores(teacher_results: dict, tasks: list[str], docs: dict, li
     return {t: have[t] for t in tasks}
 
 
+CHANCE_SE = 3.0  # a task counts when the teacher is at least this many standard errors above chance
+
+
+def above_chance_recovery(scores: dict, teacher_scores: dict, metric: dict) -> dict:
+    """The headline: the share of the teacher's skill above chance that the student keeps, (s - c) / (t - c) x 100
+    per task, averaged over the tasks where the teacher is >= CHANCE_SE binomial standard errors
+    (sqrt(t (1 - t) / n)) above chance c; other tasks are None (a teacher at chance leaves nothing to recover)."""
+    table, counted = {}, []
+    for task, r in scores.items():
+        s, t, c = r[metric[task]], teacher_scores[task][metric[task]], r["chance"]
+        n = teacher_scores[task].get("n", r["n"])
+        se = math.sqrt(t * (1 - t) / n) if n else float("inf")
+        if t - c >= CHANCE_SE * se and t > c:
+            table[task] = (s - c) / (t - c) * 100
+            counted.append(task)
+        else:
+            table[task] = None
+    return {**table, "average": sum(table[t] for t in counted) / len(counted) if counted else None,
+            "tasks": counted, "min_teacher_se_above_chance": CHANCE_SE}
+
+
 def evaluate_quality(model, tokenizer, tasks=TASKS, data_dir: str | None = None, limit: int | None = None,
                      batch_size: int = 8, teacher=None, teacher_tokenizer=None, heldout=None,
                      heldout_tokens: int = 16384, model_name: str | None = None,
@@ -250,7 +273,7 @@ def evaluate_quality(model, tokenizer, tasks=TASKS, data_dir: str | None = None,
     tasks = list(task_objs)
     docs = {task: task_docs(task, obj, limit) for task, obj in task_objs.items()}
     metric = {task: "acc_norm" if task in NORMED else "acc" for task in tasks}
-    teacher_scores = recovery = chance_recovery = None
+    teacher_scores = recovery = chance_recovery = above_chance = None
     if teacher_results is not None:
         teacher_scores = reuse_teacher_scores(teacher_results, tasks, docs, limit)
         teacher_name = teacher_name or teacher_results.get("model")
@@ -271,6 +294,7 @@ def evaluate_quality(model, tokenizer, tasks=TASKS, data_dir: str | None = None,
 
         recovery = percent_of_teacher(lambda task: scores[task][metric[task]])
         chance_recovery = percent_of_teacher(lambda task: scores[task]["chance"])
+        above_chance = above_chance_recovery(scores, teacher_scores, metric)
     return {
         "schema": SCHEMA,
         "model": model_name or name_of(model),
@@ -278,6 +302,7 @@ def evaluate_quality(model, tokenizer, tasks=TASKS, data_dir: str | None = None,
         "limit": limit,
         "tasks": scores,
         "teacher_tasks": teacher_scores,
+        "recovery_above_chance": above_chance,
         "recovery": recovery,
         "recovery_metric": metric,
         "chance_recovery": chance_recovery,
@@ -319,12 +344,15 @@ def save_quality(results: dict, out_dir: str | os.PathLike) -> tuple[Path, Path]
     ax.set_ylim(0, 1.1)
     ax.set_ylabel("accuracy")
     title = f"{results['model']}"
+    above = (results.get("recovery_above_chance") or {}).get("average")  # absent in results made before it was added
+    if above is not None:
+        title += f" - keeps {above:.1f}% of {results['teacher']}'s skill above chance"
     if results["recovery"] and results["recovery"]["average"] is not None:
-        title += f" - recovery {results['recovery']['average']:.1f}% of {results['teacher']}"
+        title += f"\nrecovery {results['recovery']['average']:.1f}%"
         if (results.get("chance_recovery") or {}).get("average") is not None:
-            title += f" (chance: {results['chance_recovery']['average']:.1f}%)"
+            title += f" (a uniform guess: {results['chance_recovery']['average']:.1f}%)"
     if results["perplexity"] is not None:
-        title += f"\nheld-out perplexity {results['perplexity']:.2f}"
+        title += f", held-out perplexity {results['perplexity']:.2f}"
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
@@ -367,8 +395,10 @@ def main(argv: list[str] | None = None) -> dict:
     json_path, _ = save_quality(results, args.out)
     summary = {t: round(s[results["recovery_metric"][t]], 4) for t, s in results["tasks"].items()}
     chance = results["chance_recovery"] and results["chance_recovery"]["average"]
-    print(f"{args.model}: {summary} recovery={results['recovery'] and results['recovery']['average']} "
-          f"(a uniform guess: {chance}) -> {json_path}")
+    above = results["recovery_above_chance"] and results["recovery_above_chance"]["average"]
+    recovery = results["recovery"] and results["recovery"]["average"]
+    print(f"{args.model}: {summary} recovery above chance={above} recovery={recovery} (a uniform guess: {chance}) "
+          f"-> {json_path}")
     return results
 
 

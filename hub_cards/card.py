@@ -63,7 +63,15 @@ def eval_results(results: dict) -> list[EvalResult]:
             if (q["recovery"] or {}).get(task) is not None:
                 out.append(EvalResult(**where, metric_type="teacher_recovery", metric_value=q["recovery"][task],
                                       metric_name=f"teacher recovery % ({q['recovery_metric'][task]})"))
+            if (q.get("recovery_above_chance") or {}).get(task) is not None:
+                out.append(EvalResult(**where, metric_type="teacher_recovery_above_chance",
+                                      metric_value=q["recovery_above_chance"][task],
+                                      metric_name=f"teacher recovery above chance % ({q['recovery_metric'][task]})"))
         suite = dict(task_type="text-generation", dataset_type="linzoo-zero-shot", dataset_name="zero-shot average")
+        above = q.get("recovery_above_chance") or {}
+        if above.get("average") is not None:
+            out.append(EvalResult(**suite, metric_type="teacher_recovery_above_chance", metric_value=above["average"],
+                                  metric_name=f"teacher recovery above chance % over {len(above['tasks'])} tasks"))
         if (q["recovery"] or {}).get("average") is not None:
             out.append(EvalResult(**suite, metric_type="teacher_recovery", metric_value=q["recovery"]["average"],
                                   metric_name=f"teacher recovery % over {len(q['tasks'])} tasks"))
@@ -111,16 +119,19 @@ def default_base_model(info: dict) -> str | None:
 
 
 def _quality_rows(q: dict | None) -> list[list[str]]:
-    """task, metric, this model, teacher, chance (a uniform guess's score), recovery."""
+    """task, metric, this model, teacher, chance (a uniform guess's score), recovery above chance, recovery."""
     if q is None:
-        return [[task, "acc_norm" if task in quality.NORMED else "acc", *[NOT_MEASURED] * 4] for task in quality.TASKS]
+        return [[task, "acc_norm" if task in quality.NORMED else "acc", *[NOT_MEASURED] * 5] for task in quality.TASKS]
     rows = []
     for task, scores in q["tasks"].items():
         metric = q["recovery_metric"][task]
         teacher = (q["teacher_tasks"] or {}).get(task, {}).get(metric)
         recovery = measured((q["recovery"] or {}).get(task), "{:.1f}%")
+        above = q.get("recovery_above_chance")
+        above = (measured(above.get(task), "{:.1f}%") if task in above["tasks"] else "(teacher near chance)"
+                 ) if above else NOT_MEASURED
         rows.append([task, metric, measured(scores[metric]), measured(teacher), measured(scores.get("chance")),
-                     recovery])
+                     above, recovery])
     return rows
 
 
@@ -209,6 +220,7 @@ def build_card(folder, repo_id: str | None = None, base_model: str | None = None
         quality=q,
         quality_rows=_quality_rows(q),
         average_recovery=measured((q["recovery"] or {}).get("average") if q else None, "{:.1f}%"),
+        above_chance=measured(((q or {}).get("recovery_above_chance") or {}).get("average"), "{:.1f}%"),
         chance_recovery=measured(((q or {}).get("chance_recovery") or {}).get("average"), "{:.1f}%"),
         perplexity=measured(q and q.get("perplexity"), "{:.2f}"),
         kl=measured(q and q.get("kl_to_teacher"), "{:.4f}"),

@@ -267,6 +267,7 @@ def results_view(paths: list[Path] | None = None) -> tuple[str, list[tuple[str, 
             rec = data.get("recovery") or {}
             recovery.append([data["model"], data.get("teacher") or NOT_MEASURED,
                              *(measured(rec.get(task), "{:.1f}%") for task in quality.TASKS),
+                             measured((data.get("recovery_above_chance") or {}).get("average"), "{:.1f}%"),
                              measured(rec.get("average"), "{:.1f}%"),
                              measured((data.get("chance_recovery") or {}).get("average"), "{:.1f}%"),
                              measured(data.get("perplexity"), "{:.2f}")])
@@ -278,7 +279,8 @@ def results_view(paths: list[Path] | None = None) -> tuple[str, list[tuple[str, 
 def recovery_headers() -> list[str]:
     from linzoo.evals import quality
 
-    return ["model", "teacher", *quality.TASKS, "average", "a uniform guess's average", "perplexity"]
+    return ["model", "teacher", *quality.TASKS, "above chance (average)", "average", "a uniform guess's average",
+            "perplexity"]
 
 
 def load_app(path: Path = APP):

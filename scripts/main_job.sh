@@ -29,6 +29,9 @@ for task, r in q["tasks"].items():  # the metric that recovery uses: acc_norm fo
     rec = q["recovery"][task]
     print(f"  {task:16s} {m:8s} {r[m]:.3f}  teacher {q['teacher_tasks'][task][m]:.3f}  chance {r['chance']:.3f}  "
           f"recovery {'n/a (teacher 0)' if rec is None else f'{rec:.1f} %'}")
+above = q["recovery_above_chance"]
+kept = "n/a" if above["average"] is None else f"{above['average']:.1f} %"
+print(f"  recovery above chance {kept} (over {', '.join(above['tasks']) or 'no task: the teacher is near chance on all'})")
 print(f"  recovery average {q['recovery']['average']:.1f} % (a uniform guess: {q['chance_recovery']['average']:.1f} %)"
       f"  perplexity {q['perplexity']:.1f} (teacher {q['teacher_perplexity']:.1f})  KL {q['kl_to_teacher']:.3f}")
 print(f"  NIAH passkey accuracy by length {n['mean_by_length']}  overall {n['overall']}")

@@ -41,6 +41,10 @@ QUALITY = {
     "recovery_metric": {t: "acc_norm" if t in quality.NORMED else "acc" for t in quality.TASKS},
     "chance_recovery": {"lambada_openai": 0.0, "winogrande": 94.33962264150944, "arc_easy": 55.55555555555556,
                         "arc_challenge": 83.33333333333334, "piqa": 78.125, "average": 62.27070230607967},
+    # (s - c) / (t - c) where the teacher is >= 3 standard errors (n = 200) above chance: not winogrande, arc_challenge
+    "recovery_above_chance": {"lambada_openai": 76.25, "winogrande": None, "arc_easy": 80.0, "arc_challenge": None,
+                              "piqa": 71.42857142857143, "average": 75.89285714285714,
+                              "tasks": ["lambada_openai", "arc_easy", "piqa"], "min_teacher_se_above_chance": 3.0},
     "perplexity": 23.456789, "teacher_perplexity": 18.25, "kl_to_teacher": 0.3125, "heldout_tokens": 4096,
 }
 NIAH = {
@@ -54,6 +58,9 @@ EXPECTED_NUMBERS = {
     **{(t, m): s[m] for t, s in QUALITY["tasks"].items() for m in ("acc", "acc_norm") if m in s},
     **{(t, f"teacher recovery % ({QUALITY['recovery_metric'][t]})"): QUALITY["recovery"][t] for t in quality.TASKS},
     ("zero-shot average", "teacher recovery % over 5 tasks"): QUALITY["recovery"]["average"],
+    **{(t, f"teacher recovery above chance % ({QUALITY['recovery_metric'][t]})"): QUALITY["recovery_above_chance"][t]
+       for t in QUALITY["recovery_above_chance"]["tasks"]},
+    ("zero-shot average", "teacher recovery above chance % over 3 tasks"): 75.89285714285714,
     ("held-out text (4096 tokens)", "perplexity"): 23.456789,
     ("held-out text (4096 tokens)", "kl_to_teacher"): 0.3125,
     ("needle in a haystack (passkey, raw prompt)", "overall accuracy"): 0.6666666666666666,
@@ -106,13 +113,24 @@ def test_card_round_trips_through_modelcard_load(student):
     text = loaded.text
     assert MIXER_CLASSES["gated_deltanet"].recurrence in text and MIXER_CLASSES["gated_deltanet"].title in text
     assert "**base (this model)**" in text and f"{TEACHER} → **base" in text
-    assert "| arc_challenge | acc_norm | 0.255 | 0.300 | 0.250 | 85.0% |" in text
+    assert "| arc_challenge | acc_norm | 0.255 | 0.300 | 0.250 | (teacher near chance) | 85.0% |" in text
+    assert "| piqa | acc_norm | 0.600 | 0.640 | 0.500 | 71.4% | 93.8% |" in text
+    assert "keeps 75.9% of its teacher's skill above chance" in text
     assert "such a guess would\nrecover 62.3% of the teacher" in text
-    assert "**88.8%**" in text and "0.667" in text
+    assert "| **75.9%** | 88.8% |" in text and "0.667" in text
     assert "![NIAH accuracy by context length and needle depth](eval/niah_heatmap.png)" in text
     assert f'repo = "{REPO}"' in text and "trust_remote_code=True" in text and 'pip install "linzoo[gpu]"' in text
     assert "eprint        = {2504.14366}" in text and "What Matters in Linearizing Language Models?" in text
     assert "not measured" not in text.split("## Results")[1].split("## Usage")[0]
+
+
+def test_the_fixtures_above_chance_recovery_is_what_quality_computes():
+    computed = quality.above_chance_recovery(QUALITY["tasks"], QUALITY["teacher_tasks"], QUALITY["recovery_metric"])
+    expected = QUALITY["recovery_above_chance"]
+    assert computed.keys() == expected.keys() and computed["tasks"] == expected["tasks"]
+    for key, value in expected.items():
+        if key != "tasks":
+            assert computed[key] == (None if value is None else pytest.approx(value)), key
 
 
 def test_missing_results_read_not_measured(tiny_student_dir, tmp_path):
@@ -120,7 +138,7 @@ def test_missing_results_read_not_measured(tiny_student_dir, tmp_path):
     bare = card.build_card(folder)
     assert not bare.data.eval_results
     results = bare.text.split("## Results")[1].split("## Usage")[0]
-    assert results.count("not measured") == 5 * 4 + 1 + 2 + 1  # task rows, average, ppl + KL, NIAH
+    assert results.count("not measured") == 5 * 5 + 2 + 1 + 2 + 1  # task rows, average row, headline, ppl + KL, NIAH
     assert "such a guess would" not in results  # no chance recovery without results
     assert not re.search(r"\d\.\d", results)  # no number filled in anywhere
 
@@ -128,7 +146,7 @@ def test_missing_results_read_not_measured(tiny_student_dir, tmp_path):
     build = card.build_card(folder)
     assert set(card_numbers(build)) == {k for k in EXPECTED_NUMBERS if k[0].startswith("needle")}
     table = build.text.split("| task | metric |")[1].split("**average**")[0]
-    assert table.count("not measured") == 20 and "0.667" in build.text
+    assert table.count("not measured") == 25 and "0.667" in build.text
 
 
 def test_lineage_recipe_and_tokens_from_the_training_record(tiny_student_dir, tmp_path):
@@ -186,7 +204,7 @@ def test_dry_run_prints_the_plan(student, no_network, capsys):
     assert f"    base_model: {TEACHER}" in out and "    model-index:" in out
     assert "      value: 0.6666666666666666" in out
     assert "[ok] loads with trust_remote_code in a fresh Python: LinzooForCausalLM (gated_deltanet)" in out
-    assert "[ok] weights are safetensors only" in out and "[ok] card numbers equal the results files: 19" in out
+    assert "[ok] weights are safetensors only" in out and "[ok] card numbers equal the results files: 23" in out
     assert "FAIL" not in out
 
 
