@@ -684,10 +684,11 @@ def test_embedded_teacher_answers_paris(embedded_teacher):
 
 
 @pytest.mark.slow
-def test_linearized_embedded_teacher_runs(embedded_teacher):
+@pytest.mark.parametrize("mixer", linzoo.MIXERS)
+def test_linearized_embedded_teacher_runs(embedded_teacher, mixer):
     teacher, tokenizer = embedded_teacher
-    student = linzoo.linearize(teacher, "gated_deltanet").eval()
-    assert student.config.teacher == linzoo.loading.EMBEDDED_TEACHER and student.config.mixer == "gated_deltanet"
+    student = linzoo.linearize(teacher, mixer).eval()
+    assert student.config.teacher == linzoo.loading.EMBEDDED_TEACHER and student.config.mixer == mixer
     assert torch.equal(student.model.layers[7].mlp.down_proj.weight, teacher.model.layers[7].mlp.down_proj.weight)
     inputs = tokenizer("The capital of France is a city on the river Seine.", return_tensors="pt")
     with torch.no_grad():
