@@ -247,6 +247,7 @@ def cmd_probe(args):
                 for name, s, c in zip(BUCKETS, sums, counts)}
 
     t0 = time.time()
+    result["settings"] = {"probe_rows": args.probe_rows, "gen_tokens": args.gen_tokens, "threads": torch.get_num_threads()}
     for spec in ("long", "embedded"):
         rows = packed_rows(spec, tok, 2048, args.probe_rows * 2048 * 4)
         rng = random.Random(0)
@@ -269,9 +270,14 @@ def cmd_probe(args):
                                          "repeated_1280_tokens_later": round(float(np.mean(again)), 3)}
     print(result["copied_span_teacher_nll"], f"{time.time() - t0:.0f} s", flush=True)
 
+    (out / "probe.json").write_text(json.dumps(result, indent=1))
+    if args.gen_tokens <= 0:
+        return
     # The teacher's own continuations of held-out prompts: speed, loops, and how much they tell beyond KD.
     gen = {"greedy": {}, "sampled (T=1, top_p=0.95)": {}}
     prompts = [np.asarray(tok(t, add_special_tokens=False)["input_ids"][:256], dtype=np.int64) for t in test]
+    prompts = prompts[: args.gen_prompts]
+    test = test[: args.gen_prompts]
     for name, kwargs in (("greedy", {"do_sample": False}),
                          ("sampled (T=1, top_p=0.95)", {"do_sample": True, "temperature": 1.0, "top_p": 0.95})):
         outs, t1 = [], time.time()
@@ -284,7 +290,7 @@ def cmd_probe(args):
         new = [s[len(p):] for s, p in zip(outs, prompts)]
         counts = bucket_counts([s.astype(np.uint16) for s in new])
         gen[name] = {"samples": len(new), "cpu_tokens_per_s": round(sum(map(len, new)) / secs, 1),
-                     "8gram_repeated_within_sample": round(1 - counts["all"][0] / counts["all"].sum(), 4),
+                     "8gram_repeated_within_sample": round(float(1 - counts["all"][0] / counts["all"].sum()), 4),
                      "distinct_4gram": round(np.mean([len({tuple(s[i:i + 4]) for i in range(len(s) - 3)})
                                                       / max(len(s) - 3, 1) for s in new]), 4),
                      "teacher_nll_of_own_tokens": round(float(np.mean([nll(s)[len(p) - 1:].mean()
@@ -293,14 +299,13 @@ def cmd_probe(args):
             for t in test]
     counts = bucket_counts([s.astype(np.uint16) for s in real])
     gen["real continuation"] = {
-        "samples": len(real), "8gram_repeated_within_sample": round(1 - counts["all"][0] / counts["all"].sum(), 4),
+        "samples": len(real), "8gram_repeated_within_sample": round(float(1 - counts["all"][0] / counts["all"].sum()), 4),
         "distinct_4gram": round(np.mean([len({tuple(s[i:i + 4]) for i in range(len(s) - 3)}) / max(len(s) - 3, 1)
                                          for s in real]), 4),
         "teacher_nll_of_own_tokens": round(float(np.mean([nll(np.concatenate([p, r]))[len(p) - 1:].mean()
                                                           for p, r in zip(prompts, real)])), 3)}
     result["teacher_continuations"] = gen
-    result["settings"] = {"probe_rows": args.probe_rows, "gen_tokens": args.gen_tokens, "threads": torch.get_num_threads(),
-                          "seconds": round(time.time() - t0)}
+    result["settings"]["seconds"] = round(time.time() - t0)
     (out / "probe.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
 
@@ -362,7 +367,8 @@ def main(argv=None):
     p = sub.add_parser("probe")
     p.add_argument("--out", default=str(REPO / "results" / "corpus"))
     p.add_argument("--probe_rows", type=int, default=8)
-    p.add_argument("--gen_tokens", type=int, default=256)
+    p.add_argument("--gen_tokens", type=int, default=256, help="0: skip the teacher-continuation probe")
+    p.add_argument("--gen_prompts", type=int, default=6)
     p = sub.add_parser("export")
     p.add_argument("--out", default=str(REPO / ".dev" / "corpus"))
     p.add_argument("--max_part_bytes", type=int, default=50_000_000)
