@@ -25,7 +25,8 @@ FILLER = [f"The {a} {v} the {b} before the {c} was quiet again." for a in NOUNS 
 NIAH_KEYS = {"schema", "model", "needle", "prompt_format", "lengths", "depths", "samples_per_cell", "accuracy",
              "mean_by_length", "overall", "seed", "examples"}
 QUALITY_KEYS = {"schema", "model", "teacher", "limit", "tasks", "teacher_tasks", "recovery", "recovery_metric",
-                "chance_recovery", "docs_sha256", "perplexity", "teacher_perplexity", "kl_to_teacher", "heldout_tokens"}
+                "chance_recovery", "recovery_above_chance", "docs_sha256", "perplexity", "teacher_perplexity",
+                "kl_to_teacher", "heldout_tokens"}
 
 
 def word_tokenizer(text: str) -> PreTrainedTokenizerFast:
@@ -182,6 +183,8 @@ def test_recovery_uses_acc_norm_where_defined_and_schema(tmp_path):
     assert results["recovery"] == {"arc_easy": 0.0, "winogrande": 50.0, "average": 25.0}
     # a uniform guess: 0.5 on both, against the teacher's 1.0 and 1.0
     assert results["chance_recovery"] == {"arc_easy": 50.0, "winogrande": 50.0, "average": 50.0}
+    above = results["recovery_above_chance"]  # (s - c) / (t - c); the teacher (n = 2) is 0 standard errors wide
+    assert above["tasks"] == ["arc_easy", "winogrande"] and above["winogrande"] == pytest.approx(0.0)
     assert results["heldout_tokens"] == 4 and results["kl_to_teacher"] > 0
     json_path, png_path = quality.save_quality(results, tmp_path / "out")
     assert json.loads(json_path.read_text()) == results and png_path.read_bytes()[:4] == b"\x89PNG"
