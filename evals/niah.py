@@ -1,42 +1,94 @@
-"""Needle-in-a-haystack retrieval: hide a pass key (or a uuid key-value pair) at a chosen depth of
-a filler text of a chosen token length, ask for it back, and map accuracy over (depth, length).
+"""Needle-in-a-haystack retrieval: hide a needle at a chosen depth of a haystack of a chosen token length, ask for
+it back, and map greedy accuracy (with binomial standard errors) over (length, depth).
 
-    linzoo eval niah --model embedded --lengths 512,1024,2048 --depths 0,0.5,1 --out outputs/niah
+The default variant is the classic passkey test of Mohtashami & Jaggi (2023, "Landmark Attention"; the test that
+LongLoRA's `passkey_retrieval.py` reuses), word for word: the instruction, the noise sentences repeated to the
+length, the needle "The pass key is 68246. Remember it. 68246 is the pass key." on its own line at the depth,
+and the question ending in the answer prefix "What is the pass key? The pass key is", so the next tokens are the
+key. The other variants change one thing each (`VARIANTS`, `--variant`): `natural` (clean prose instead of the
+noise), `uuid` (a word key whose value is a uuid) and `chat` (through the chat template).
+
+Every sample has its own seed, from (seed, length, depth, sample index): its own key and its own haystack.
+
+    linzoo eval niah --model embedded --lengths 256,512,1024,2048 --depths 0,0.25,0.5,0.75,1 --out outputs/niah
+    linzoo eval niah --model runs/main --variant natural --lengths 512,1024 --out runs/main/eval/niah-natural
 """
 
 from __future__ import annotations
 
+import bisect
+import hashlib
 import json
+import math
 import os
 import random
 import re
 import time
 import uuid
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
 SCHEMA = "linzoo.niah/v1"
-INTRO = ("There is an important piece of information hidden in the text below. "
-         "Find it and remember it: you will be asked about it.")
+# The classic test's words as landmark-attention and LongLoRA write them ("memorize them" included).
+INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
+         "I will quiz you about the important information there.")
+NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+KEY_WORDS = ("anchor", "apple", "bottle", "candle", "carpet", "castle", "cherry", "copper", "dragon", "engine",
+             "falcon", "guitar", "hammer", "jacket", "kettle", "ladder", "lantern", "marble", "mirror", "orange",
+             "pencil", "pepper", "pillow", "planet", "pocket", "rabbit", "ribbon", "rocket", "saddle", "silver",
+             "spider", "statue", "tiger", "tunnel", "violin", "wallet", "wizard", "zipper")  # none is in NOISE
 
 
-def _passkey(rng: random.Random) -> tuple[str, str, str]:
-    digits = rng.randint(5, 7)
-    key = str(rng.randint(10 ** (digits - 1), 10**digits - 1))
-    return f"The pass key is {key}. Remember it. {key} is the pass key.", "What is the pass key?", key
+@dataclass(frozen=True)
+class Needle:
+    sentence: str  # what is hidden in the haystack
+    question: str
+    answer_prefix: str  # the prompt's last words, so that the answer is what comes next
+    answer: str
 
 
-def _uuid_pair(rng: random.Random) -> tuple[str, str, str]:
-    key, value = (str(uuid.UUID(int=rng.getrandbits(128), version=4)) for _ in range(2))
-    return f"The value for key {key} is {value}.", f"What is the value for key {key}?", value
+def passkey_needle(rng: random.Random) -> Needle:
+    key = str(rng.randint(10_000, 99_999))  # five digits, like the example in the papers
+    return Needle(f"The pass key is {key}. Remember it. {key} is the pass key.", "What is the pass key?",
+                  "The pass key is", key)
 
 
-# name -> (maker of (needle sentence, question, answer), default max_new_tokens)
-NEEDLES = {"passkey": (_passkey, 16), "uuid": (_uuid_pair, 64)}
+def uuid_needle(rng: random.Random) -> Needle:
+    word, value = rng.choice(KEY_WORDS), str(uuid.UUID(int=rng.getrandbits(128), version=4))
+    return Needle(f"The value for key {word} is {value}.", f"What is the value for key {word}?",
+                  f"The value for key {word} is", value)
+
+
+NEEDLES = {"passkey": passkey_needle, "uuid": uuid_needle}
+MAX_NEW_TOKENS = {"passkey": 16, "uuid": 48}  # the answer, with room for a few words before it
 PROMPT_FORMATS = ("raw", "chat")
+
+
+@dataclass(frozen=True)
+class Variant:
+    needle: str  # a NEEDLES name (niah.json's "needle")
+    haystack: str  # "noise": NOISE repeated; "prose": clean prose (`prose`) from --filler
+    prompt_format: str  # "raw" text, or "chat": one user turn of the tokenizer's chat template
+    about: str
+
+
+VARIANTS = {
+    "passkey": Variant("passkey", "noise", "raw", "the classic passkey test"),
+    "natural": Variant("passkey", "prose", "raw", "the pass key in clean prose (--filler, no play text, no digits)"),
+    "uuid": Variant("uuid", "noise", "raw", "a word key whose value is a uuid, in the noise"),
+    "chat": Variant("passkey", "noise", "chat", "the passkey test as a user turn of the chat template, the "
+                    "assistant's turn started with the answer prefix"),
+}
+
+
+def get_variant(name: str) -> Variant:
+    if name not in VARIANTS:
+        raise ValueError(f"unknown NIAH variant {name!r}: pick one of {', '.join(VARIANTS)}")
+    return VARIANTS[name]
 
 
 @dataclass
@@ -71,6 +123,35 @@ def load_texts(source: str | list[str], split: str = "test") -> list[str]:
     return texts
 
 
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def short_lined(text: str) -> bool:
+    """Laid out in short lines: a play script, verse or hard-wrapped Gutenberg text (the embedded corpus's
+    Shakespeare), where a Wikipedia lead's prose runs in long lines."""
+    lines = [line for line in text.split("\n") if line.strip()]
+    return len(lines) >= 3 and sum(len(line) < 100 for line in lines) > len(lines) / 2
+
+
+@lru_cache(maxsize=4)
+def _prose(texts: tuple[str, ...]) -> tuple[str, ...]:
+    paragraphs = []
+    for text in texts:
+        if not short_lined(text):
+            kept = [s for s in _SENTENCE_END.split(" ".join(text.split())) if not re.search(r"\d", s)]
+            paragraphs += [" ".join(kept)] if kept else []
+    if not paragraphs:
+        raise ValueError("no prose left for the haystack: every text is laid out in short lines or has a digit in "
+                         "every sentence (give a .txt of prose, one paragraph per line)")
+    return tuple(paragraphs)
+
+
+def prose(texts: list[str]) -> list[str]:
+    """The natural variant's filler: texts laid out in short lines dropped (`short_lined`), the rest one paragraph
+    each with every sentence that holds a digit dropped (a number in the haystack would compete with the key)."""
+    return list(_prose(tuple(texts)))
+
+
 def parse_list(value: str | list, cast=float) -> list:
     """'512,1024' or [512, 1024] -> [512, 1024] (the CLI passes strings, Python callers lists)."""
     items = value.split(",") if isinstance(value, str) else value
@@ -87,12 +168,14 @@ def name_of(model) -> str:
     return getattr(config, "name_or_path", None) or type(model).__name__
 
 
-def format_prompt(tokenizer, haystack: str, question: str, prompt_format: str) -> str:
+def format_prompt(tokenizer, haystack: str, question: str, prompt_format: str, answer_prefix: str = "") -> str:
+    """The classic layout, one part per line: instruction, haystack, question and answer prefix. In "chat" the
+    instruction, haystack and question are one user turn and the answer prefix starts the assistant's turn."""
     if prompt_format == "raw":
-        return f"{INTRO}\n\n{haystack}\n\nQuestion: {question}\nAnswer:"
+        return "\n".join(p for p in (INTRO, haystack, f"{question} {answer_prefix}".strip()) if p)
     if prompt_format == "chat":
-        message = {"role": "user", "content": f"{INTRO}\n\n{haystack}\n\n{question}"}
-        return tokenizer.apply_chat_template([message], tokenize=False, add_generation_prompt=True)
+        message = {"role": "user", "content": "\n".join(p for p in (INTRO, haystack, question) if p)}
+        return tokenizer.apply_chat_template([message], tokenize=False, add_generation_prompt=True) + answer_prefix
     raise ValueError(f"prompt_format must be one of {PROMPT_FORMATS}, got {prompt_format!r}")
 
 
@@ -101,52 +184,77 @@ def _encode_kwargs(prompt_format: str) -> dict:
     return {"add_special_tokens": prompt_format == "raw"}
 
 
-def _insert(body: str, needle: str, depth: float) -> tuple[str, tuple[int, int]]:
-    target = round(min(max(depth, 0.0), 1.0) * len(body))
-    sentence_end = body.rfind(". ", 0, target)
-    if 0 <= sentence_end and target - sentence_end <= min(256, len(body) // 50) and target < len(body):
-        cut = sentence_end + 2  # prefer a sentence boundary close before the requested depth
+def _filler(kind: str, texts: list[str] | None, rng: random.Random, min_chars: int) -> tuple[str, list[int]]:
+    """(text, ends): at least `min_chars` of this sample's filler and the offsets right after each of its sentences.
+    Noise: NOISE's sentences in a cycle from a random one on, one line. Prose: the paragraphs in a random order
+    (reshuffled on every pass), one per line."""
+    if kind == "noise":
+        sentences = _SENTENCE_END.split(NOISE)
+        first = rng.randrange(len(sentences))
+        cycle = sentences[first:] + sentences[:first]
+        paragraphs = [cycle * (min_chars // len(NOISE) + 1)]
     else:
-        cut = body.rfind(" ", 0, target) + 1 if target < len(body) else len(body)
-    pre, post = body[:cut].rstrip(), body[cut:].lstrip()
-    start = len(pre) + 1 if pre else 0
-    haystack = " ".join(p for p in (pre, needle, post) if p)
-    return haystack, (start, start + len(needle))
+        paragraphs, chars = [], 0
+        while chars < min_chars:
+            order = list(texts)
+            rng.shuffle(order)
+            paragraphs += [_SENTENCE_END.split(p) for p in order]
+            chars += sum(len(p) + 1 for p in order)
+    text, ends = "", []
+    for paragraph in paragraphs:
+        for i, sentence in enumerate(paragraph):
+            text += ("\n" if text and i == 0 else " " if text else "") + sentence
+            ends.append(len(text))
+    return text, ends
 
 
-def build_haystack(tokenizer, filler_texts: list[str], context_len: int, depth: float, needle: str = "passkey",
-                   seed: int = 0, prompt_format: str = "raw") -> NiahSample:
-    """A prompt of at most `context_len` tokens (and within a word of it) with the needle after a `depth`
-    share of the filler (0.0 = start of the haystack, 1.0 = end), snapped back to a sentence end when one
-    is near, else to a word boundary. The seed fixes the needle and the filler order."""
-    if needle not in NEEDLES:
-        raise ValueError(f"needle must be one of {sorted(NEEDLES)}, got {needle!r}")
+def build_haystack(tokenizer, filler_texts: list[str] | None, context_len: int, depth: float,
+                   variant: str = "passkey", seed: int = 0) -> NiahSample:
+    """One prompt of the variant, at most `context_len` tokens and within a sentence of it: the filler cut at a
+    sentence end, the needle on its own line after a `depth` share of the filler (0.0 = right after the
+    instruction, 1.0 = right before the question), at the sentence end nearest to that share. The seed fixes the
+    needle and the haystack; `filler_texts` is read by the prose variant only (and cleaned by `prose`)."""
+    spec = get_variant(variant)
     rng = random.Random(seed)
-    sentence, question, answer = NEEDLES[needle][0](rng)
-    docs = list(filler_texts)
-    rng.shuffle(docs)
+    needle = NEEDLES[spec.needle](rng)
+    texts = prose(filler_texts or []) if spec.haystack == "prose" else None
 
-    def render(n_chars: int):
-        haystack, span = _insert(text[:n_chars].rstrip(), sentence, depth)
-        prompt = format_prompt(tokenizer, haystack, question, prompt_format)
-        return haystack, span, prompt, len(tokenizer(prompt, **_encode_kwargs(prompt_format))["input_ids"])
+    def render(cut: int):  # the prompt whose filler is text[:cut], cut at a sentence end (or 0)
+        at = min(round(min(max(depth, 0.0), 1.0) * cut), cut)
+        i = bisect.bisect_right(ends, at)
+        split = min((e for e in (0, cut, *ends[max(i - 1, 0):i + 1]) if e <= cut), key=lambda e: abs(e - at))
+        pre, post = text[:split].rstrip(), text[split:cut].strip()
+        haystack = "\n".join(p for p in (pre, needle.sentence, post) if p)
+        start = len(pre) + 1 if pre else 0
+        prompt = format_prompt(tokenizer, haystack, needle.question, spec.prompt_format, needle.answer_prefix)
+        n_tokens = len(tokenizer(prompt, **_encode_kwargs(spec.prompt_format))["input_ids"])
+        return haystack, (start, start + len(needle.sentence)), prompt, n_tokens
 
     min_chars = 6 * context_len
     while True:  # enough filler that using all of it overshoots the target
-        text = " ".join(docs * (min_chars // sum(len(d) + 1 for d in docs) + 1))
+        text, ends = _filler(spec.haystack, texts, rng, min_chars)
         if render(len(text))[3] > context_len:
             break
         min_chars *= 2
-    cuts = [0] + [m.start() for m in re.finditer(r"\s+", text)]
     if render(0)[3] > context_len:
         raise ValueError(f"context_len={context_len} is shorter than the needle and question alone")
-    lo, hi = 0, len(cuts) - 1  # invariant: cuts[lo] fits; the answer is in [lo, hi]
-    while lo < hi:  # largest filler prefix (at word boundaries) whose prompt fits
+    lo, hi = -1, len(ends) - 1  # invariant: a filler of ends[lo] characters fits (lo = -1: none); answer in [lo, hi]
+    while lo < hi:  # the longest filler, at a sentence end, whose prompt fits
         mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if render(cuts[mid])[3] <= context_len else (lo, mid - 1)
-    haystack, span, prompt, n_tokens = render(cuts[lo])
-    return NiahSample(prompt, sentence, answer, question, haystack, span, n_tokens, context_len, depth, needle,
-                      prompt_format)
+        lo, hi = (mid, hi) if render(ends[mid])[3] <= context_len else (lo, mid - 1)
+    haystack, span, prompt, n_tokens = render(ends[lo] if lo >= 0 else 0)
+    return NiahSample(prompt, needle.sentence, needle.answer, needle.question, haystack, span, n_tokens, context_len,
+                      depth, spec.needle, spec.prompt_format)
+
+
+def sample_seed(seed: int, length: int, depth: float, index: int) -> int:
+    """The seed of sample `index` of the (length, depth) cell: every sample gets its own needle and haystack."""
+    return int.from_bytes(hashlib.sha256(f"{seed}/{length}/{depth:g}/{index}".encode()).digest()[:8], "big")
+
+
+def is_hit(answer: str, text: str) -> bool:
+    """The answer appears in the generated text as a whole (not inside a longer number or word)."""
+    return re.search(rf"(?<![0-9A-Za-z]){re.escape(answer)}(?![0-9A-Za-z])", text) is not None
 
 
 def _prepare_tokenizer(tokenizer):
@@ -158,7 +266,7 @@ def _prepare_tokenizer(tokenizer):
 @torch.inference_mode()
 def _generate(model, tokenizer, samples: list[NiahSample], max_new_tokens: int | None = None) -> list[str]:
     _prepare_tokenizer(tokenizer)
-    max_new_tokens = max_new_tokens or NEEDLES[samples[0].needle_type][1]
+    max_new_tokens = max_new_tokens or MAX_NEW_TOKENS[samples[0].needle_type]
     batch = tokenizer([s.prompt for s in samples], return_tensors="pt", padding=True,
                       **_encode_kwargs(samples[0].prompt_format)).to(model_device(model))
     out = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
@@ -171,49 +279,76 @@ def answer_one(model, tokenizer, sample: NiahSample, max_new_tokens: int | None 
     """One prompt, for the Space: (generated text, whether it contains the answer, seconds)."""
     start = time.perf_counter()
     text = _generate(model, tokenizer, [sample], max_new_tokens)[0]
-    return text, sample.answer in text, time.perf_counter() - start
+    return text, is_hit(sample.answer, text), time.perf_counter() - start
 
 
-def run_niah(model, tokenizer, lengths, depths, needle: str = "passkey", prompt_format: str = "raw",
-             samples_per_cell: int = 5, batch_size: int = 4, filler: str | list[str] = "embedded", seed: int = 0,
+def summarize(hits: dict[tuple[int, float], list[bool]], lengths: list[int], depths: list[float]) -> dict:
+    """Accuracy of every cell with its binomial standard error sqrt(p (1 - p) / n); the mean over depths of each
+    length and the mean over all cells, each with the standard error of a mean of independent cells,
+    sqrt(sum of the cells' se^2) / cells."""
+    def mean_se(ses):
+        return math.sqrt(sum(s * s for s in ses)) / len(ses)
+
+    accuracy = {str(l): {f"{d:g}": sum(hits[l, d]) / len(hits[l, d]) for d in depths} for l in lengths}
+    se = {l: {d: math.sqrt(p * (1 - p) / len(hits[int(l), float(d)])) for d, p in row.items()}
+          for l, row in accuracy.items()}
+    cells = [p for row in accuracy.values() for p in row.values()]
+    return {
+        "accuracy": accuracy,
+        "accuracy_se": se,
+        "mean_by_length": {l: sum(row.values()) / len(row) for l, row in accuracy.items()},
+        "mean_by_length_se": {l: mean_se(row.values()) for l, row in se.items()},
+        "overall": sum(cells) / len(cells),
+        "overall_se": mean_se([s for row in se.values() for s in row.values()]),
+    }
+
+
+def run_niah(model, tokenizer, lengths, depths, variant: str = "passkey", samples_per_cell: int = 10,
+             batch_size: int = 4, filler: str | list[str] | None = None, seed: int = 0,
              max_new_tokens: int | None = None, model_name: str | None = None) -> dict:
-    """Greedy retrieval accuracy over the (length, depth) grid, as the linzoo.niah/v1 dict.
-    Sample i of a length uses the same needle and filler at every depth, so depths compare fairly."""
+    """Greedy retrieval accuracy over the (length, depth) grid, as the linzoo.niah/v1 dict. Every sample has its
+    own needle and haystack (`sample_seed`); `filler` is the natural variant's text source (default "embedded",
+    its held-out split)."""
+    spec = get_variant(variant)
     lengths, depths = parse_list(lengths, int), parse_list(depths, float)
-    filler_texts = load_texts(filler)
-    samples = [build_haystack(tokenizer, filler_texts, length, depth, needle, seed * 1_000_003 + length * 1_009 + i,
-                              prompt_format)
+    if spec.haystack == "prose":
+        filler = "embedded" if filler is None else filler
+        texts = prose(load_texts(filler))
+    elif filler is not None:
+        raise ValueError(f"--filler is the natural variant's prose; the {variant} variant's haystack is the noise")
+    else:
+        texts = None
+    samples = [build_haystack(tokenizer, texts, length, depth, variant, sample_seed(seed, length, depth, i))
                for length in lengths for depth in depths for i in range(samples_per_cell)]
     hits: dict[tuple[int, float], list[bool]] = {}
     examples = []  # the first sample of every cell: what was asked for and what came out
-    for start in tqdm(range(0, len(samples), batch_size), desc=f"niah {needle}", unit="batch"):
+    for start in tqdm(range(0, len(samples), batch_size), desc=f"niah {variant}", unit="batch"):
         chunk = samples[start:start + batch_size]
-        texts = _generate(model, tokenizer, chunk, max_new_tokens)
-        for sample, text in zip(chunk, texts):
+        for sample, text in zip(chunk, _generate(model, tokenizer, chunk, max_new_tokens)):
             cell = hits.setdefault((sample.context_len, sample.depth), [])
             if not cell:
                 examples.append({"length": sample.context_len, "depth": sample.depth, "answer": sample.answer,
-                                 "generated": text, "hit": sample.answer in text})
-            cell.append(sample.answer in text)
-    accuracy = {str(l): {f"{d:g}": sum(hits[l, d]) / len(hits[l, d]) for d in depths} for l in lengths}
+                                 "generated": text, "hit": is_hit(sample.answer, text)})
+            cell.append(is_hit(sample.answer, text))
     return {
         "schema": SCHEMA,
         "model": model_name or name_of(model),
-        "needle": needle,
-        "prompt_format": prompt_format,
+        "variant": variant,
+        "needle": spec.needle,
+        "prompt_format": spec.prompt_format,
+        "filler": "noise" if texts is None else filler if isinstance(filler, str) else f"{len(filler)} texts",
         "lengths": lengths,
         "depths": depths,
         "samples_per_cell": samples_per_cell,
-        "accuracy": accuracy,
-        "mean_by_length": {l: sum(row.values()) / len(row) for l, row in accuracy.items()},
-        "overall": sum(sum(h) for h in hits.values()) / len(samples),
+        **summarize(hits, lengths, depths),
         "seed": seed,
         "examples": examples,
     }
 
 
 def save_niah(results: dict, out_dir: str | os.PathLike) -> tuple[Path, Path]:
-    """Writes niah.json and niah_heatmap.png (rows = depth, columns = length)."""
+    """Writes niah.json and niah_heatmap.png (rows = depth, columns = length; accuracy ± its standard error where
+    the results have one)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -224,19 +359,25 @@ def save_niah(results: dict, out_dir: str | os.PathLike) -> tuple[Path, Path]:
 
     lengths, depths = [str(l) for l in results["lengths"]], [f"{d:g}" for d in results["depths"]]
     grid = [[results["accuracy"][l][d] for l in lengths] for d in depths]
-    fig = Figure(figsize=(1.2 * len(lengths) + 2.5, 0.6 * len(depths) + 2))
+    se = results.get("accuracy_se")
+    fig = Figure(figsize=(1.3 * len(lengths) + 2.5, 0.6 * len(depths) + 2))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     image = ax.imshow(grid, cmap="RdYlGn", vmin=0.0, vmax=1.0, aspect="auto")
-    for row, values in enumerate(grid):
-        for col, value in enumerate(values):
-            ax.text(col, row, f"{value:.2f}", ha="center", va="center", fontsize=9)
+    for row, d in enumerate(depths):
+        for col, l in enumerate(lengths):
+            ax.text(col, row, f"{grid[row][col]:.2f}" + (f"±{se[l][d]:.2f}" if se else ""), ha="center",
+                    va="center", fontsize=8 if se else 9)
     ax.set_xticks(range(len(lengths)), lengths)
     ax.set_yticks(range(len(depths)), depths)
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("needle depth")
-    ax.set_title(f"{results['model']}\nNIAH {results['needle']} ({results['prompt_format']}), "
-                 f"overall {results['overall']:.2f}", fontsize=10)
+    if "variant" in results:
+        title = (f"NIAH {results['variant']}, {results['samples_per_cell']} per cell, overall "
+                 f"{results['overall']:.2f}±{results['overall_se']:.2f}")
+    else:  # written before variants and standard errors
+        title = f"NIAH {results['needle']} ({results['prompt_format']}), overall {results['overall']:.2f}"
+    ax.set_title(f"{results['model']}\n{title}", fontsize=10)
     fig.colorbar(image, ax=ax, label="accuracy")
     fig.tight_layout()
     fig.savefig(png_path, dpi=120)
@@ -269,17 +410,23 @@ class NiahArguments(ModelArguments):
     out: str = field(default="outputs/niah", metadata={"help": "output folder (teacher results go in <out>/teacher)"})
     lengths: str = field(default="512,1024,2048,4096", metadata={"help": "context lengths in tokens, comma-separated"})
     depths: str = field(default="0,0.25,0.5,0.75,1", metadata={"help": "needle depths in [0, 1], comma-separated"})
-    needle: str = field(default="passkey", metadata={"help": "passkey | uuid"})
-    prompt_format: str = field(default="raw", metadata={"help": "raw | chat"})
-    samples_per_cell: int = field(default=5, metadata={"help": "prompts per (length, depth) cell"})
-    filler: str = field(default="embedded", metadata={"help": "'embedded', a linzoo.data spec, or a .txt path"})
+    variant: str = field(default="passkey", metadata={"help": "; ".join(f"{name}: {v.about}"
+                                                                        for name, v in VARIANTS.items())})
+    samples_per_cell: int = field(default=10, metadata={"help": "prompts per (length, depth) cell, each its own"})
+    filler: str | None = field(default=None, metadata={
+        "help": "the natural variant's prose: 'embedded' (the default: its held-out split), a linzoo.data spec, "
+                "or a .txt path (one paragraph per line)"})
     seed: int = 0
-    max_new_tokens: int | None = field(default=None, metadata={"help": "default: 16 passkey, 64 uuid"})
+    max_new_tokens: int | None = field(default=None, metadata={"help": "default: 16 for a pass key, 48 for a uuid"})
 
     def __post_init__(self):
-        if self.needle not in NEEDLES or self.prompt_format not in PROMPT_FORMATS:
-            raise ValueError(f"--needle in {sorted(NEEDLES)}, --prompt_format in {PROMPT_FORMATS}")
         # checked here, before any model loads (the grid itself is built only after loading)
+        if get_variant(self.variant).haystack != "prose" and self.filler is not None:
+            raise ValueError(f"--filler is the natural variant's prose; --variant {self.variant} hides the needle "
+                             "in the noise sentences")
+        if self.samples_per_cell < 1:
+            raise ValueError(f"--samples_per_cell {self.samples_per_cell}: give at least 1 (10 or more for a "
+                             "standard error below 0.16)")
         for flag, value, cast, valid, want, example in (
                 ("--lengths", self.lengths, int, lambda v: v > 0, "positive token counts", "512,1024,2048"),
                 ("--depths", self.depths, float, lambda v: 0.0 <= v <= 1.0, "needle depths in [0, 1]", "0,0.5,1")):
@@ -301,11 +448,13 @@ def main(argv: list[str] | None = None) -> dict:
     all_results = []
     for spec, is_teacher, out in runs:  # one model in memory at a time
         model, tokenizer = load_for_eval(spec, args.device, args.dtype, is_teacher, args.trust_remote_code)
-        all_results.append(run_niah(model, tokenizer, args.lengths, args.depths, args.needle, args.prompt_format,
-                                    args.samples_per_cell, args.batch_size, args.filler, args.seed,
-                                    args.max_new_tokens, model_name=spec))
+        all_results.append(run_niah(model, tokenizer, args.lengths, args.depths, args.variant, args.samples_per_cell,
+                                    args.batch_size, args.filler, args.seed, args.max_new_tokens, model_name=spec))
         del model
-        print(f"{spec}: overall {all_results[-1]['overall']:.3f} -> {save_niah(all_results[-1], out)[0]}")
+        r = all_results[-1]
+        by_length = ", ".join(f"{l}: {p:.2f}±{r['mean_by_length_se'][l]:.2f}" for l, p in r["mean_by_length"].items())
+        print(f"{spec}: NIAH {args.variant} {by_length}; overall {r['overall']:.3f}±{r['overall_se']:.3f} "
+              f"-> {save_niah(r, out)[0]}")
     return all_results[0]
 
 

@@ -31,15 +31,15 @@ from linzoo.evals import niah
 
 MAX_CONTEXT = 4096  # so that a free CPU Space (2 vCPU) answers a 135M model within about a minute
 MAX_MODELS = 3
-CUSTOM = "custom"  # needle choice: the user's own haystack, question and expected answer
-NEEDLE_CHOICES = (*niah.NEEDLES, CUSTOM)
+CUSTOM = "custom"  # beside the NIAH variants: the user's own haystack, question and expected answer
+VARIANT_CHOICES = (*niah.VARIANTS, CUSTOM)
 CUSTOM_MAX_NEW_TOKENS = 32
 DEFAULT_FOLDER = "runs/main"  # where the main training job leaves its student
 APP = Path(__file__).resolve().parents[1] / "spaces" / "niah" / "app.py"
 RESULT_HEADERS = ["model", "expected", "answer", "verdict", "seconds", "prompt tokens",
                   "state at this context", "teacher KV cache at this context"]
 RESULT_WIDTHS = ["20%", "9%", "21%", "9%", "7%", "7%", "14%", "13%"]
-NIAH_HEADERS = ["model", "needle", "prompt", "overall", "accuracy by length"]
+NIAH_HEADERS = ["model", "variant", "prompt", "overall", "accuracy by length"]
 CORRECT, WRONG = "✓ correct", "✗ wrong"
 NOT_MEASURED = "not measured"
 MODEL_TYPES = ("linzoo", "llama")  # linzoo's students and their teachers (SmolLM2 is a Llama)
@@ -199,19 +199,20 @@ def _no_progress(*args, **kwargs):
     pass
 
 
-def run_query(models: list[str], context_len: int, depth: float, needle: str = "passkey", seed: int = 0,
+def run_query(models: list[str], context_len: int, depth: float, variant: str = "passkey", seed: int = 0,
               prompt_format: str = "raw", haystack: str = "", question: str = "", answer: str = "",
               progress=_no_progress, allowed: list[str] | None = None) -> tuple[str, list[list]]:
     """Ask each model for the needle: (haystack HTML with the needle marked, one RESULT_HEADERS row per model).
-    A passkey/uuid haystack is built per model (its own tokenizer) from one seed, so the needle is the same.
-    Every model must pass `check_model` against `allowed` (default: `default_models()`) before any loads."""
+    A NIAH variant's haystack is built per model (its own tokenizer) from one seed, so the needle is the same;
+    `prompt_format` is the custom haystack's (a variant has its own). Every model must pass `check_model` against
+    `allowed` (default: `default_models()`) before any loads."""
     models = [m for m in dict.fromkeys(models or []) if m]
     if not 1 <= len(models) <= MAX_MODELS:
         raise ValueError(f"Pick one to {MAX_MODELS} models (got {len(models)}).")
-    if needle not in NEEDLE_CHOICES:
-        raise ValueError(f"needle must be one of {NEEDLE_CHOICES}, got {needle!r}")
+    if variant not in VARIANT_CHOICES:
+        raise ValueError(f"The needle must be one of {', '.join(VARIANT_CHOICES)}, got {variant!r}.")
     context_len = int(context_len)
-    if needle != CUSTOM and not 64 <= context_len <= MAX_CONTEXT:
+    if variant != CUSTOM and not 64 <= context_len <= MAX_CONTEXT:
         raise ValueError(f"Context length must lie in 64..{MAX_CONTEXT} tokens on this Space, got {context_len}.")
     for spec in models:
         check_model(spec, default_models() if allowed is None else allowed)
@@ -220,13 +221,14 @@ def run_query(models: list[str], context_len: int, depth: float, needle: str = "
         progress(i / len(models), desc=f"loading {spec}")
         model, tokenizer = load(spec)
         progress((i + 0.3) / len(models), desc=f"{spec}: reading the haystack")
-        if needle == CUSTOM:
+        if variant == CUSTOM:
             sample = custom_sample(tokenizer, haystack, question, answer, prompt_format)
         else:
-            filler = list(filler_texts(os.environ.get("LINZOO_SPACE_FILLER", "embedded")))
-            sample = niah.build_haystack(tokenizer, filler, context_len, float(depth), needle, int(seed), prompt_format)
+            prose = niah.VARIANTS[variant].haystack == "prose"
+            filler = list(filler_texts(os.environ.get("LINZOO_SPACE_FILLER", "embedded"))) if prose else None
+            sample = niah.build_haystack(tokenizer, filler, context_len, float(depth), variant, int(seed))
         text, correct, seconds = niah.answer_one(model, tokenizer, sample,
-                                                 CUSTOM_MAX_NEW_TOKENS if needle == CUSTOM else None)
+                                                 CUSTOM_MAX_NEW_TOKENS if variant == CUSTOM else None)
         size = state_sizes(model.config, sample.n_tokens, next(model.parameters()).element_size())
         rows.append([spec, sample.answer, text.strip(), CORRECT if correct else WRONG, round(seconds, 2),
                      sample.n_tokens, describe_state(size), format_bytes(size.teacher_kv)])
@@ -258,11 +260,14 @@ def results_view(paths: list[Path] | None = None) -> tuple[str, list[tuple[str, 
     gallery, recovery, niah_rows = [], [], []
     for path in files:
         if data := _read_results(path, niah.SCHEMA):
-            by_length = ", ".join(f"{length}: {acc:.2f}" for length, acc in data["mean_by_length"].items())
-            niah_rows.append([data["model"], data["needle"], data["prompt_format"], f"{data['overall']:.3f}",
-                              by_length])
+            variant = data.get("variant", data["needle"])  # files written before variants: the needle's name
+            se = data.get("mean_by_length_se")  # standard errors, where the file has them
+            by_length = ", ".join(f"{length}: {acc:.2f}" + (f"±{se[length]:.2f}" if se else "")
+                                  for length, acc in data["mean_by_length"].items())
+            overall = f"{data['overall']:.3f}" + (f"±{data['overall_se']:.3f}" if "overall_se" in data else "")
+            niah_rows.append([data["model"], variant, data["prompt_format"], overall, by_length])
             if (png := path.with_name("niah_heatmap.png")).is_file():
-                gallery.append((str(png), f"{data['model']}: NIAH {data['needle']}, overall {data['overall']:.2f}"))
+                gallery.append((str(png), f"{data['model']}: NIAH {variant}, overall {data['overall']:.2f}"))
         elif data := _read_results(path, quality.SCHEMA):
             rec = data.get("recovery") or {}
             recovery.append([data["model"], data.get("teacher") or NOT_MEASURED,

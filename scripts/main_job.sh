@@ -16,7 +16,8 @@ python -c "import sys; from linzoo.evals.quality import TASKS, load_task_docs
 linzoo linearize --teacher embedded --mixer gated_deltanet --dataset embedded \
   --total_tokens "${TOKENS:-20000}" --max_seq_length 128 --per_device_train_batch_size 2 \
   --logging_steps 4 --save_steps 20 --output_dir "$OUT"
-linzoo eval niah --model "$OUT" --lengths 256,512 --depths 0,0.5,1 --samples_per_cell 1 --out "$OUT/eval"
+linzoo eval niah --model "$OUT" --teacher embedded --lengths 256,512 --depths 0,0.5,1 --samples_per_cell 2 \
+  --batch_size 6 --out "$OUT/eval"
 linzoo eval quality --model "$OUT" --teacher embedded ${EVAL_DATA:+--data_dir "$EVAL_DATA"} --limit 20 \
   --heldout_tokens 2048 --out "$OUT/eval"
 python - "$OUT" <<'PY'

@@ -1,5 +1,6 @@
-"""Proofs of the NIAH scoring and of what linzoo adds to lm-eval's zero-shot scores, on hand-made examples, tiny
-models and crafted logits (that lm-eval scores as linzoo did before it: tests/test_lm_eval.py)."""
+"""Proofs of what linzoo adds to lm-eval's zero-shot scores, on hand-made examples, tiny models and crafted logits
+(that lm-eval scores as linzoo did before it: tests/test_lm_eval.py), and the eval CLIs writing their results (the
+NIAH's own tests: tests/test_niah.py)."""
 
 import json
 import math
@@ -22,8 +23,6 @@ NOUNS = ["river", "garden", "teacher", "window", "mountain", "letter", "kitchen"
 VERBS = ["watched", "painted", "crossed", "opened", "followed", "described"]
 FILLER = [f"The {a} {v} the {b} before the {c} was quiet again." for a in NOUNS for v in VERBS
           for b, c in [(NOUNS[(len(a) + len(v)) % 8], NOUNS[len(v) % 8])]]
-NIAH_KEYS = {"schema", "model", "needle", "prompt_format", "lengths", "depths", "samples_per_cell", "accuracy",
-             "mean_by_length", "overall", "seed", "examples"}
 QUALITY_KEYS = {"schema", "model", "teacher", "limit", "tasks", "teacher_tasks", "recovery", "recovery_metric",
                 "chance_recovery", "recovery_above_chance", "docs_sha256", "perplexity", "teacher_perplexity",
                 "kl_to_teacher", "heldout_tokens"}
@@ -245,89 +244,6 @@ def test_real_tasks_end_to_end_with_tiny_llama(tmp_path):
     assert all(p.stat().st_size > 0 for p in quality.save_quality(results, tmp_path))
 
 
-# ---------------------------------------------------------------- NIAH
-
-
-@pytest.mark.parametrize("needle", ["passkey", "uuid"])
-@pytest.mark.parametrize("prompt_format", ["raw", "chat"])
-@pytest.mark.parametrize("depth", [0.0, 0.3, 0.5, 1.0])
-def test_haystack_length_and_depth(needle, prompt_format, depth):
-    tok = bpe_tokenizer(FILLER)
-    sample = niah.build_haystack(tok, FILLER, 400, depth, needle, seed=3, prompt_format=prompt_format)
-    assert 400 - 8 <= sample.n_tokens <= 400
-    kwargs = {"add_special_tokens": prompt_format == "raw"}
-    assert len(tok(sample.prompt, **kwargs)["input_ids"]) == sample.n_tokens
-    start, end = sample.needle_span
-    assert sample.haystack[start:end] == sample.needle and sample.haystack in sample.prompt
-    assert abs(start / (len(sample.haystack) - len(sample.needle)) - depth) < 0.03  # share of filler before it
-    assert sample.prompt.count(sample.answer) == sample.needle.count(sample.answer) > 0  # only the needle tells
-    assert sample.prompt.startswith("<|user|>") == (prompt_format == "chat")
-    assert sample.prompt.endswith("<|assistant|>" if prompt_format == "chat" else "Answer:")
-
-
-def test_needles_are_seeded():
-    tok = bpe_tokenizer(FILLER)
-    a, b, c = (niah.build_haystack(tok, FILLER, 200, 0.5, "passkey", seed=s) for s in (1, 1, 2))
-    assert a == b and a.answer != c.answer
-    assert re.fullmatch(r"\d{5,7}", a.answer) and "What is the pass key?" in a.prompt
-    u = niah.build_haystack(tok, FILLER, 300, 0.5, "uuid", seed=1)
-    assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", u.answer)
-    with pytest.raises(ValueError):
-        niah.build_haystack(tok, FILLER, 20, 0.5, "passkey")
-
-
-class EchoLM(nn.Module):
-    """Answers with the needle's value (or a wrong one), checking that prompts come left-padded."""
-
-    def __init__(self, tokenizer, wrong=False):
-        super().__init__()
-        self.tok, self.wrong = tokenizer, wrong
-
-    def generate(self, input_ids, attention_mask, max_new_tokens, **kwargs):
-        assert (attention_mask[:, -1] == 1).all() and (attention_mask.diff(dim=1) >= 0).all()
-        answers = []
-        for text in self.tok.batch_decode(input_ids, skip_special_tokens=True):
-            found = re.search(r"pass key is (\d+)|value for key \S+ is ([0-9a-f-]{36})", text)
-            answers.append("123" if self.wrong else found.group(1) or found.group(2))
-        new = [self.tok(" " + a + ".", add_special_tokens=False)["input_ids"][:max_new_tokens] for a in answers]
-        width = max(map(len, new))
-        new = torch.tensor([n + [self.tok.eos_token_id] * (width - len(n)) for n in new])
-        return torch.cat([input_ids, new], dim=1)
-
-
-@pytest.mark.parametrize("needle", ["passkey", "uuid"])
-def test_needle_detection(needle, tmp_path):
-    tok = bpe_tokenizer(FILLER)
-    grid = dict(lengths=[200, 300], depths="0,0.5,1", needle=needle, samples_per_cell=2, batch_size=3, filler=FILLER)
-    right = niah.run_niah(EchoLM(tok), tok, **grid)
-    wrong = niah.run_niah(EchoLM(tok, wrong=True), tok, **grid)
-    assert right["overall"] == 1.0 and wrong["overall"] == 0.0
-    assert right["accuracy"] == {"200": {"0": 1.0, "0.5": 1.0, "1": 1.0}, "300": {"0": 1.0, "0.5": 1.0, "1": 1.0}}
-    assert set(right) == NIAH_KEYS and right["mean_by_length"] == {"200": 1.0, "300": 1.0}
-    # one example per cell, with what was generated: the echo finds the key, the wrong model says 123
-    assert [(e["length"], e["depth"]) for e in wrong["examples"]] == [(l, d) for l in (200, 300) for d in (0, 0.5, 1)]
-    assert all(e["hit"] and e["answer"] in e["generated"] for e in right["examples"])
-    assert all(not e["hit"] and "123" in e["generated"] for e in wrong["examples"])
-    sample = niah.build_haystack(tok, FILLER, 200, 0.5, needle, seed=4)
-    text, correct, seconds = niah.answer_one(EchoLM(tok), tok, sample)
-    assert correct and sample.answer in text and seconds >= 0
-    assert not niah.answer_one(EchoLM(tok, wrong=True), tok, sample)[1]
-
-
-def test_run_niah_tiny_llama_and_save(tmp_path):
-    tok = bpe_tokenizer(FILLER)
-    tok.pad_token = None  # run_niah falls back to EOS
-    results = niah.run_niah(tiny_llama(tok), tok, "128,256", [0.0, 0.5, 1.0], "passkey", "chat", samples_per_cell=2,
-                            batch_size=4, filler=FILLER, seed=7, max_new_tokens=4, model_name="tiny")
-    assert tok.padding_side == "left" and tok.pad_token == "<eos>"
-    assert set(results) == NIAH_KEYS and results["schema"] == "linzoo.niah/v1" and results["model"] == "tiny"
-    assert results["lengths"] == [128, 256] and results["depths"] == [0.0, 0.5, 1.0]
-    assert set(results["accuracy"]) == {"128", "256"} and set(results["accuracy"]["128"]) == {"0", "0.5", "1"}
-    json_path, png_path = niah.save_niah(results, tmp_path)
-    assert json.loads(json_path.read_text()) == results
-    assert png_path.name == "niah_heatmap.png" and png_path.read_bytes()[:4] == b"\x89PNG"
-
-
 def test_mains_write_results(tmp_path, monkeypatch):
     import linzoo
 
@@ -336,9 +252,9 @@ def test_mains_write_results(tmp_path, monkeypatch):
     monkeypatch.setattr(linzoo, "load_teacher", lambda spec: (tiny_llama(tok, seed=1), tok), raising=False)
     filler = tmp_path / "filler.txt"
     filler.write_text("\n\n".join(FILLER))
-    results = niah.main(["--model", "m", "--teacher", "t", "--lengths", "128", "--depths", "0,1", "--filler",
-                         str(filler), "--samples_per_cell", "1", "--max_new_tokens", "2", "--out", str(tmp_path / "n"),
-                         "--device", "cpu", "--dtype", "float32"])
+    results = niah.main(["--model", "m", "--teacher", "t", "--lengths", "128", "--depths", "0,1", "--variant",
+                         "natural", "--filler", str(filler), "--samples_per_cell", "1", "--max_new_tokens", "2",
+                         "--out", str(tmp_path / "n"), "--device", "cpu", "--dtype", "float32"])
     assert results["model"] == "m" and (tmp_path / "n" / "teacher" / "niah_heatmap.png").exists()
     data = tmp_path / "data"
     data.mkdir()

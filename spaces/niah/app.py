@@ -25,7 +25,8 @@ def build_demo(models: list[str], results: list) -> gr.Blocks:
             with gr.Row():
                 picked = gr.Dropdown(models, value=models[:1], multiselect=True, max_choices=space.MAX_MODELS,
                                      label=f"models (1-{space.MAX_MODELS})")
-                needle = gr.Radio(list(space.NEEDLE_CHOICES), value="passkey", label="needle", elem_id="needle")
+                needle = gr.Radio(list(space.VARIANT_CHOICES), value="passkey", elem_id="needle",
+                                  label="needle (a NIAH variant, or custom: your own)")
                 prompt = gr.Radio(["raw", "chat"], value="raw", label="prompt format")
             with gr.Row():
                 context = gr.Slider(128, space.MAX_CONTEXT, value=1024, step=128, label="context length (tokens)",

@@ -1,0 +1,195 @@
+"""The NIAH test: the classic passkey prompt and its variants, fresh haystacks per sample, scoring and standard
+errors, on a byte-level tokenizer and tiny models (the real teacher's numbers: results/niah_teacher_cpu/)."""
+
+import json
+import math
+import re
+
+import pytest
+import torch
+from test_evals import FILLER, bpe_tokenizer, tiny_llama
+from torch import nn
+
+from linzoo.evals import niah
+from linzoo.hub_cards import space
+
+NIAH_KEYS = {"schema", "model", "variant", "needle", "prompt_format", "filler", "lengths", "depths",
+             "samples_per_cell", "accuracy", "accuracy_se", "mean_by_length", "mean_by_length_se", "overall",
+             "overall_se", "seed", "examples"}
+UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
+NOISE_SENTENCES = re.split(r"(?<=\.) ", niah.NOISE)
+
+
+def build(variant="passkey", context_len=400, depth=0.5, seed=3, tok=None):
+    return niah.build_haystack(tok or bpe_tokenizer(FILLER), FILLER, context_len, depth, variant, seed)
+
+
+def filler_before_needle(sample) -> float:
+    """Share of the haystack's filler characters that come before the needle."""
+    start, end = sample.needle_span
+    return start / max(len(sample.haystack) - len(sample.needle) - 1, 1)
+
+
+def test_default_is_the_classic_passkey_test():
+    sample = build(depth=0.25)
+    key = sample.answer
+    assert re.fullmatch(r"\d{5}", key)
+    assert sample.needle == f"The pass key is {key}. Remember it. {key} is the pass key."
+    lines = sample.prompt.split("\n")  # instruction, noise, needle, noise, question + answer prefix
+    assert lines[0] == niah.INTRO == ("There is an important info hidden inside a lot of irrelevant text. Find it and "
+                                      "memorize them. I will quiz you about the important information there.")
+    assert lines[-1] == "What is the pass key? The pass key is" and sample.prompt.endswith("The pass key is")
+    assert lines[2] == sample.needle and len(lines) == 5
+    for noise in (lines[1], lines[3]):  # whole noise sentences, in their cycle
+        sentences = re.split(r"(?<=\.) ", noise)
+        first = NOISE_SENTENCES.index(sentences[0])
+        assert sentences == [NOISE_SENTENCES[(first + i) % 5] for i in range(len(sentences))]
+    assert abs(filler_before_needle(sample) - 0.25) < 0.02
+    assert sample.prompt.count(key) == 2 and sample.needle_type == "passkey" and sample.prompt_format == "raw"
+
+
+@pytest.mark.parametrize("variant", list(niah.VARIANTS))
+@pytest.mark.parametrize("depth", [0.0, 0.3, 0.5, 1.0])
+def test_every_variant_builds_to_length_and_depth(variant, depth):
+    tok = bpe_tokenizer(FILLER)
+    sample = build(variant, 400, depth, tok=tok)
+    spec = niah.VARIANTS[variant]
+    assert 400 - 24 <= sample.n_tokens <= 400  # cut at a sentence end
+    assert len(tok(sample.prompt, add_special_tokens=spec.prompt_format == "raw")["input_ids"]) == sample.n_tokens
+    start, end = sample.needle_span
+    assert sample.haystack[start:end] == sample.needle and sample.haystack in sample.prompt
+    assert abs(filler_before_needle(sample) - depth) < 0.05
+    assert sample.prompt.count(sample.answer) == sample.needle.count(sample.answer) > 0  # only the needle tells
+    filler = sample.haystack.replace(sample.needle, "")
+    assert (niah.NOISE[:20] in filler) == (spec.haystack == "noise") and not re.search(r"\d", filler)
+    word = re.fullmatch(r"What is the (pass key|value for key (\w+))\?", sample.question).group(2)
+    prefix = f"The value for key {word} is" if word else "The pass key is"
+    if spec.prompt_format == "chat":
+        assert sample.prompt.startswith("<|user|>" + niah.INTRO)
+        assert sample.prompt.endswith(f"{sample.question}\n<|assistant|>{prefix}")
+    else:
+        assert sample.prompt.startswith(niah.INTRO) and sample.prompt.endswith(f"\n{sample.question} {prefix}")
+    assert (word in niah.KEY_WORDS and re.fullmatch(UUID, sample.answer)) if spec.needle == "uuid" else not word
+
+
+def test_natural_filler_is_clean_prose():
+    play = "HAMLET.\nTo be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n" \
+           "The slings and arrows of outrageous fortune"
+    lead = "Paris is the capital of France. It had 2,102,650 residents in 2023.\nIt is on the Seine. Its mayor " \
+           "is elected."
+    assert niah.prose([play, lead, "Only 3 of them."]) == ["Paris is the capital of France. It is on the Seine. "
+                                                           "Its mayor is elected."]
+    with pytest.raises(ValueError, match="no prose left"):
+        niah.prose([play])
+
+
+def test_fresh_haystack_per_sample_and_the_seed_reproduces():
+    tok = bpe_tokenizer(FILLER)
+    seeds = [niah.sample_seed(0, 512, 0.5, i) for i in range(10)]
+    assert len(set(seeds)) == 10 and niah.sample_seed(0, 512, 0.5, 0) == 1460353866473042793  # fixed across runs
+    assert len({niah.sample_seed(s, l, d, 0) for s in (0, 1) for l in (256, 512) for d in (0.0, 0.5)}) == 8
+    for variant in niah.VARIANTS:
+        a, b, again = (niah.build_haystack(tok, FILLER, 300, 0.5, variant, s) for s in (seeds[0], seeds[1], seeds[0]))
+        assert a == again  # the same seed, the same prompt
+        assert a.answer != b.answer and a.prompt != b.prompt
+    one, two = (niah.build_haystack(tok, FILLER, 300, 0.5, "natural", s) for s in seeds[:2])
+    assert one.haystack.replace(one.needle, "") != two.haystack.replace(two.needle, "")  # the prose, reshuffled
+    with pytest.raises(ValueError, match="shorter than the needle"):
+        niah.build_haystack(tok, FILLER, 20, 0.5)
+
+
+def test_bad_variant_names_are_one_line_errors():
+    tok = bpe_tokenizer(FILLER)
+    message = r"^unknown NIAH variant 'raw': pick one of passkey, natural, uuid, chat$"
+    for call in (lambda: niah.get_variant("raw"), lambda: niah.build_haystack(tok, FILLER, 200, 0.5, "raw"),
+                 lambda: niah.run_niah(None, tok, [200], [0.5], "raw"), lambda: niah.NiahArguments(variant="raw")):
+        with pytest.raises(ValueError, match=message):
+            call()
+    with pytest.raises(ValueError, match="--filler is the natural variant's prose"):
+        niah.NiahArguments(variant="chat", filler="embedded")
+    with pytest.raises(ValueError, match="--samples_per_cell 0"):
+        niah.NiahArguments(samples_per_cell=0)
+    assert niah.NiahArguments().variant == "passkey" and niah.NiahArguments().samples_per_cell >= 10
+
+
+def test_hits_are_whole_answers():
+    assert niah.is_hit("12345", " 12345.\nThe sky") and niah.is_hit("12345", "is 12345")
+    assert not niah.is_hit("12345", " 123456.") and not niah.is_hit("12345", "912345") and not niah.is_hit("1", "")
+
+
+class EchoLM(nn.Module):
+    """Answers with the needle's value, or a wrong one where `right(row)` says no (rows counted over all calls),
+    checking that prompts come left-padded."""
+
+    def __init__(self, tokenizer, right=lambda row: True):
+        super().__init__()
+        self.tok, self.right, self.rows = tokenizer, right, 0
+
+    def generate(self, input_ids, attention_mask, max_new_tokens, **kwargs):
+        assert (attention_mask[:, -1] == 1).all() and (attention_mask.diff(dim=1) >= 0).all()
+        answers = []
+        for text in self.tok.batch_decode(input_ids, skip_special_tokens=True):
+            found = re.search(rf"pass key is (\d+)\.|value for key \w+ is ({UUID})", text)
+            answers.append(found.group(1) or found.group(2) if self.right(self.rows) else "123")
+            self.rows += 1
+        new = [self.tok(" " + a + ".", add_special_tokens=False)["input_ids"][:max_new_tokens] for a in answers]
+        width = max(map(len, new))
+        new = torch.tensor([n + [self.tok.eos_token_id] * (width - len(n)) for n in new])
+        return torch.cat([input_ids, new], dim=1)
+
+
+@pytest.mark.parametrize("variant", list(niah.VARIANTS))
+def test_needle_detection(variant):
+    tok = bpe_tokenizer(FILLER)
+    grid = dict(lengths=[200, 300], depths="0,0.5,1", variant=variant, samples_per_cell=2, batch_size=3,
+                filler=FILLER if variant == "natural" else None)
+    right = niah.run_niah(EchoLM(tok), tok, **grid)
+    wrong = niah.run_niah(EchoLM(tok, right=lambda row: False), tok, **grid)
+    assert set(right) == NIAH_KEYS and right["variant"] == variant and right["overall"] == 1.0
+    assert right["accuracy"] == {"200": {"0": 1.0, "0.5": 1.0, "1": 1.0}, "300": {"0": 1.0, "0.5": 1.0, "1": 1.0}}
+    assert right["mean_by_length"] == {"200": 1.0, "300": 1.0} and right["overall_se"] == 0.0
+    assert wrong["overall"] == 0.0 and wrong["needle"] == niah.VARIANTS[variant].needle
+    assert right["filler"] == (f"{len(FILLER)} texts" if variant == "natural" else "noise")
+    # one example per cell, with what was generated: the echo finds the key, the wrong model says 123
+    assert [(e["length"], e["depth"]) for e in wrong["examples"]] == [(l, d) for l in (200, 300) for d in (0, 0.5, 1)]
+    assert all(e["hit"] and e["answer"] in e["generated"] for e in right["examples"])
+    assert all(not e["hit"] and "123" in e["generated"] for e in wrong["examples"])
+    sample = niah.build_haystack(tok, FILLER, 200, 0.5, variant, seed=4)
+    text, correct, seconds = niah.answer_one(EchoLM(tok), tok, sample)
+    assert correct and sample.answer in text and seconds >= 0
+    assert not niah.answer_one(EchoLM(tok, right=lambda row: False), tok, sample)[1]
+
+
+def test_standard_errors_of_a_known_hit_pattern(tmp_path):
+    """Rows run in grid order (length, depth, sample); every third row is answered wrongly, so with 4 samples per
+    cell the cells score 2/4, 3/4 (length 200) and 3/4, 2/4 (length 300)."""
+    tok = bpe_tokenizer(FILLER)
+    results = niah.run_niah(EchoLM(tok, right=lambda row: row % 3 != 0), tok, [200, 300], [0.0, 1.0],
+                            samples_per_cell=4, batch_size=3)
+    half, three_quarters = math.sqrt(0.5 * 0.5 / 4), math.sqrt(0.75 * 0.25 / 4)  # 0.25, 0.2165
+    assert results["accuracy"] == {"200": {"0": 0.5, "1": 0.75}, "300": {"0": 0.75, "1": 0.5}}
+    assert results["accuracy_se"] == {"200": {"0": half, "1": three_quarters}, "300": {"0": three_quarters, "1": half}}
+    assert results["mean_by_length"] == {"200": 0.625, "300": 0.625} and results["overall"] == 0.625
+    assert results["mean_by_length_se"]["200"] == pytest.approx(math.sqrt(7) / 16)  # sqrt(1/16 + 3/64) / 2
+    assert results["overall_se"] == pytest.approx(math.sqrt(14) / 32)  # sqrt(2 (1/16 + 3/64)) / 4
+    assert [e["hit"] for e in results["examples"]] == [False, True, True, False]  # each cell's first sample
+    json_path, png_path = niah.save_niah(results, tmp_path)
+    assert json.loads(json_path.read_text()) == results and png_path.read_bytes()[:4] == b"\x89PNG"
+    _, gallery, _, rows = space.results_view([tmp_path])  # the Space's table shows them
+    assert rows == [["EchoLM", "passkey", "raw", "0.625±0.117", "200: 0.62±0.17, 300: 0.62±0.17"]]
+    assert gallery == [(str(png_path), "EchoLM: NIAH passkey, overall 0.62")]
+
+
+def test_run_niah_tiny_llama_and_save(tmp_path):
+    tok = bpe_tokenizer(FILLER)
+    tok.pad_token = None  # run_niah falls back to EOS
+    results = niah.run_niah(tiny_llama(tok), tok, "128,256", [0.0, 0.5, 1.0], "chat", samples_per_cell=2,
+                            batch_size=4, seed=7, max_new_tokens=4, model_name="tiny")
+    assert tok.padding_side == "left" and tok.pad_token == "<eos>"
+    assert set(results) == NIAH_KEYS and results["schema"] == "linzoo.niah/v1" and results["model"] == "tiny"
+    assert results["lengths"] == [128, 256] and results["depths"] == [0.0, 0.5, 1.0]
+    assert set(results["accuracy"]) == {"128", "256"} and set(results["accuracy"]["128"]) == {"0", "0.5", "1"}
+    assert (results["variant"], results["needle"], results["prompt_format"]) == ("chat", "passkey", "chat")
+    json_path, png_path = niah.save_niah(results, tmp_path)
+    assert json.loads(json_path.read_text()) == results
+    assert png_path.name == "niah_heatmap.png" and png_path.read_bytes()[:4] == b"\x89PNG"
