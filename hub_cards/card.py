@@ -81,8 +81,10 @@ def eval_results(results: dict) -> list[EvalResult]:
             if q.get(metric) is not None:
                 out.append(EvalResult(**heldout, metric_type=metric, metric_name=metric, metric_value=q[metric]))
     if n := results["niah"]:
-        where = dict(task_type="text-generation", dataset_type=f"linzoo-niah-{n['needle']}",
-                     dataset_name=f"needle in a haystack ({n['needle']}, {n['prompt_format']} prompt)")
+        variant = n.get("variant")  # absent in results made before the variants
+        test = f"{variant} variant" if variant and variant != "passkey" else f"{n['needle']}, {n['prompt_format']} prompt"
+        where = dict(task_type="text-generation", dataset_type=f"linzoo-niah-{variant or n['needle']}",
+                     dataset_name=f"needle in a haystack ({test})")
         out.append(EvalResult(**where, metric_type="accuracy", metric_name="overall accuracy",
                               metric_value=n["overall"]))
         out += [EvalResult(**where, metric_type="accuracy", metric_name=f"accuracy at {length} tokens",
