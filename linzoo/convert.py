@@ -50,18 +50,28 @@ def student_config(teacher_config, mixer: str, **options) -> LinzooConfig:
     )
 
 
-def linearize(teacher, mixer: str = DEFAULT_MIXER, **options) -> LinzooForCausalLM:
+def linearize(teacher, mixer: str = DEFAULT_MIXER, calibration=None, **options) -> LinzooForCausalLM:
     """Replace every attention of `teacher` (a model, or a spec for `load_teacher`) by `mixer`.
 
     Embeddings, norms, MLPs and the attention's q/k/v/o projections are copied (GQA: k/v keep the
-    teacher's head count and are repeated per query head inside the mixer). The mixer's new
-    parameters (`fresh_parameters`) start as each mixer's file documents (gates near 1, identity convs, unit norms).
-    Layers in `attn_layers` keep the teacher's softmax attention.
+    teacher's head count and are repeated per query head inside the mixer). Layers in `attn_layers` keep the
+    teacher's softmax attention.
+
+    `calibration`: token ids [rows, length] of text like the training data (~1,000 tokens do; results/init/). With
+    them the student starts fitted to the teacher (`linzoo.calibrate`): the short convolution's SiLU acts on q and k
+    only (`conv_activation="silu_qk"` unless `options` say otherwise), so the value path is the teacher's v_proj;
+    each head's decay half-life and write strength, and the output norm that sets the scale, are fitted on those
+    tokens (the fit's report: `student.calibration_report`). About 12 s for a Gated DeltaNet student of
+    SmolLM2-135M on 1,024 tokens and 2 CPU cores. Without them, the new parameters (`fresh_parameters`) keep each
+    mixer's plain start (`reset_new_parameters`: gates near 1, identity convs, unit norms; SiLU on q, k and v), as
+    every student had before the fit, whose output is 10-600x the teacher attention's energy.
     """
     if isinstance(teacher, str):
         from .loading import load_teacher
 
         teacher, _ = load_teacher(teacher)
+    if calibration is not None:
+        options.setdefault("conv_activation", "silu_qk")
     config = student_config(teacher.config, mixer, **options)
     weight = next(teacher.parameters())
     student = LinzooForCausalLM(config).to(device=weight.device, dtype=weight.dtype)
@@ -76,4 +86,8 @@ def linearize(teacher, mixer: str = DEFAULT_MIXER, **options) -> LinzooForCausal
     student.tie_weights()
     if getattr(teacher, "generation_config", None) is not None:
         student.generation_config = teacher.generation_config
+    if calibration is not None:
+        from .calibrate import teacher_start
+
+        student.calibration_report = teacher_start(student, teacher, calibration)
     return student

@@ -172,6 +172,49 @@ def pack_dataset(dataset: datasets.Dataset, tokenizer, seq_len: int, max_tokens:
     return packed
 
 
+def with_repeats(dataset: datasets.Dataset, every: int, seed: int = 0) -> datasets.Dataset:
+    """Copy/recall-rich text: after every ~`every` characters of a document, a verbatim excerpt of that document's
+    earlier text (80-400 characters, whole words, from up to 6,000 characters back) is inserted as a paragraph of its
+    own (at a line end). A teacher continues such an excerpt by copying from the context after its first words, so distilling on it
+    rewards a student that can find and copy earlier text (what passkey retrieval needs) without any NIAH text.
+    Deterministic per document and `seed`; `every` <= 0 returns `dataset` unchanged."""
+    if every <= 0:
+        return dataset
+    return dataset.map(_repeat_batch, batched=True, fn_kwargs={"every": every, "seed": seed},
+                       desc=f"Repeating earlier excerpts every {every} characters")
+
+
+def repeat_excerpts(text: str, every: int, rng) -> str:
+    """`text` with an earlier excerpt inserted after every ~`every` characters (see `with_repeats`)."""
+    out, length, since = [], 0, 0
+    for line in (text or "").split("\n"):
+        out.append(line)
+        length += len(line) + 1
+        since += len(line) + 1
+        if since < every or length < 400:
+            continue
+        since = 0
+        so_far = "\n".join(out)
+        span = rng.randint(80, 400)
+        start = rng.randint(max(0, len(so_far) - 6000), len(so_far) - span)
+        start = so_far.find(" ", start) + 1  # whole words
+        end = so_far.rfind(" ", start, start + span)
+        if start <= 0 or end <= start:
+            continue
+        excerpt = " ".join(so_far[start:end].split())
+        out += ["", excerpt, ""]
+        length += len(excerpt) + 3
+    return "\n".join(out)
+
+
+def _repeat_batch(batch, every: int, seed: int):
+    import random
+    import zlib
+
+    return {"text": [repeat_excerpts(t, every, random.Random(zlib.crc32((t or "").encode()) ^ seed))
+                     for t in batch["text"]]}
+
+
 def _pack_batch(batch, tokenizer, seq_len: int, eos_id: int):
     ids = tokenizer([t or "" for t in batch["text"]], add_special_tokens=False, verbose=False)["input_ids"]
     flat: list[int] = []

@@ -2,6 +2,7 @@
 
 from transformers import PretrainedConfig
 
+from .mixer_base import CONV_ACTIVATIONS
 from .mixer_linear_attn import FEATURE_MAPS
 from .mixers import DEFAULT_MIXER, MIXER_CLASSES, MIXERS
 
@@ -23,8 +24,11 @@ class LinzooConfig(PretrainedConfig):
         kernel_backend (`str`): `"auto"` uses fla / mlstm-kernels when CUDA and the package are present and the
             pure-torch path otherwise (falling back, with one warning, when a mixer's kernels do not import);
             `"fast"` requires the kernels; `"torch"` forces the pure-torch path.
-        use_short_conv (`bool`, *optional*): causal depthwise conv (kernel `conv_size`) + SiLU on q, k, v.
+        use_short_conv (`bool`, *optional*): causal depthwise conv (kernel `conv_size`) on q, k, v, then SiLU.
             Defaults to the mixer's own default (its class's `short_conv`).
+        conv_activation (`str`): where that SiLU applies: `"silu"` on q, k and v (fla's; the default, and so the
+            behaviour of every checkpoint saved before this field), `"silu_qk"` on q and k only (the value path stays
+            the teacher's v_proj: what `linzoo.linearize` builds with calibration tokens), `"identity"` nowhere.
         feature_map (`str`): feature map of the mixer that has one (linear attention; `"elu"` is elu(x)+1).
         gate_low_rank_dim (`int`): rank of the low-rank per-channel gate projections.
         gate_logit_normalizer (`float`): divides GLA's log-sigmoid gate (fla's default 16).
@@ -61,6 +65,7 @@ class LinzooConfig(PretrainedConfig):
         kernel_backend="auto",
         use_short_conv=None,
         conv_size=4,
+        conv_activation="silu",
         feature_map="elu",
         gate_low_rank_dim=16,
         gate_logit_normalizer=16.0,
@@ -72,6 +77,7 @@ class LinzooConfig(PretrainedConfig):
         _check_choice("mixer", mixer, MIXERS)
         _check_choice("kernel_backend", kernel_backend, KERNEL_BACKENDS)
         _check_choice("feature_map", feature_map, FEATURE_MAPS)
+        _check_choice("conv_activation", conv_activation, CONV_ACTIVATIONS)
         if hidden_size % num_attention_heads:
             raise ValueError(f"hidden_size {hidden_size} is not divisible by num_attention_heads {num_attention_heads}.")
         if num_attention_heads % num_key_value_heads:
@@ -105,6 +111,7 @@ class LinzooConfig(PretrainedConfig):
         self.kernel_backend = kernel_backend
         self.use_short_conv = MIXER_CLASSES[mixer].short_conv if use_short_conv is None else bool(use_short_conv)
         self.conv_size = conv_size
+        self.conv_activation = conv_activation
         self.feature_map = feature_map
         self.gate_low_rank_dim = gate_low_rank_dim
         self.gate_logit_normalizer = gate_logit_normalizer

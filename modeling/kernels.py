@@ -87,9 +87,10 @@ def fused_swiglu(gate, up):
     return FUSED_OPS.load()["swiglu"](gate, up)
 
 
-def fused_short_conv(x, weight, cu_seqlens=None):
-    """silu(causal depthwise conv) of x [B, T, C] with weight [C, W] (weight[:, -1] on the current token)."""
-    return FUSED_OPS.load()["causal_conv1d"](x, weight, activation="silu", cu_seqlens=cu_seqlens)[0]
+def fused_short_conv(x, weight, cu_seqlens=None, activation="silu"):
+    """activation(causal depthwise conv) of x [B, T, C] with weight [C, W] (weight[:, -1] on the current token);
+    `activation` "silu" or None."""
+    return FUSED_OPS.load()["causal_conv1d"](x, weight, activation=activation, cu_seqlens=cu_seqlens)[0]
 
 
 def fused_cross_entropy(logits, targets, ignore_index, reduction):

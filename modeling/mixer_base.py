@@ -6,8 +6,9 @@ words, fast kernels, defaults, benchmark peer — and picks the decay `g`, the s
 `mixers.py` registers it, and the config, kernel dispatch, cards, Space, tests, recipes and benchmark read
 those facts from there.
 
-New parameters are initialised so a fresh student starts close to the teacher: gates start near 1
-(slow decay), short convolutions start as the identity, output norms start at 1.
+New parameters start as each mixer's `reset_new_parameters` documents (gates near 1, identity short convolutions,
+unit output norms): the plain start of a model built from its config. Given calibration tokens, `linzoo.linearize`
+fits them to the teacher instead (each mixer's `teacher_start` below, then `linzoo.calibrate`'s output-norm fit).
 """
 
 import math
@@ -21,6 +22,20 @@ from .kernels import fused_rms_norm, fused_short_conv, linear_core, use_fused_op
 
 # Below this many new tokens and without autograd, decode with the fused-recurrent kernels (as fla's layers do).
 RECURRENT_MAX_LEN = 64
+# Which of q, k, v the short convolution's SiLU applies to (config `conv_activation`): "silu" all three (fla's
+# ShortConvolution, and every checkpoint saved before the field existed); "silu_qk" q and k only, so that the value
+# path is exactly the teacher's v_proj at init (the start `linzoo.linearize` fits to a teacher); "identity" none.
+CONV_ACTIVATIONS = ("silu", "silu_qk", "identity")
+
+
+def decay_rate(half_life):
+    """Per-token log-decay rate (> 0) of a memory that halves in `half_life` tokens: ln(2) / half_life."""
+    return math.log(2.0) / torch.as_tensor(half_life, dtype=torch.float32)
+
+
+def inverse_softplus(y):
+    """x with softplus(x) = y, for y > 0."""
+    return y + torch.log(-torch.expm1(-y))
 
 
 def init_decay(A_log, dt_bias):
@@ -42,6 +57,13 @@ class HeadDecay:
     def reset_head_decay(self):
         init.zeros_(self.a_proj.weight)
         init_decay(self.A_log, self.dt_bias)
+
+    @torch.no_grad()
+    def start_head_decay(self, half_life):
+        """Per head [H] (a_proj at zero): A = 1 and dt = ln(2) / half_life, so the decay halves the state in
+        `half_life` tokens."""
+        self.A_log.zero_()
+        self.dt_bias.copy_(inverse_softplus(decay_rate(half_life)))
 
     def head_decay(self, x):
         """(log-decay g [B, T, H], step dt [B, T, H]) in fp32."""
@@ -68,11 +90,13 @@ class RMSNorm(nn.Module):
 
 
 class ShortConv(nn.Module):
-    """Causal depthwise convolution over time, initialised to the identity (weight 1 on the current token)."""
+    """Causal depthwise convolution over time, initialised to the identity (weight 1 on the current token), then
+    SiLU on the first `silu_channels` channels (all by default)."""
 
-    def __init__(self, channels, size):
+    def __init__(self, channels, size, silu_channels=None):
         super().__init__()
         self.size = size
+        self.silu_channels = channels if silu_channels is None else silu_channels
         self.weight = nn.Parameter(torch.zeros(channels, size))
         self.reset_new_parameters()
 
@@ -89,8 +113,10 @@ class ShortConv(nn.Module):
         T = x.shape[1]
         if cache is not None:
             x = cache.update_conv_state(x.transpose(1, 2), layer_idx, conv_kernel_size=self.size).transpose(1, 2)
+        everywhere = self.silu_channels == x.shape[-1]
         if fused:
-            return fused_short_conv(x, self.weight, cu_seqlens)[:, -T:]
+            out = fused_short_conv(x, self.weight, cu_seqlens, activation="silu" if everywhere else None)[:, -T:]
+            return out if everywhere else self.activate(out)
         # Tap j looks j steps back; with packed sequences (seq_idx) a tap never crosses a boundary.
         # The weight takes x's dtype, so under bf16 autocast q, k, v stay bf16 for the kernels (as fla's conv).
         weight = self.weight.to(x.dtype)
@@ -100,7 +126,14 @@ class ShortConv(nn.Module):
             if seq_idx is not None:
                 shifted = shifted * (F.pad(seq_idx, (j, 0), value=-1)[:, : x.shape[1]] == seq_idx).unsqueeze(-1)
             out = out + shifted * weight[:, -1 - j]
-        return F.silu(out[:, -T:])
+        return self.activate(out[:, -T:])
+
+    def activate(self, out):
+        """SiLU on the first `silu_channels` channels of out [B, T, C]."""
+        n = self.silu_channels
+        if n == out.shape[-1]:
+            return F.silu(out)
+        return out if n == 0 else torch.cat([F.silu(out[..., :n]), out[..., n:]], -1)
 
 
 class LinearMixer(nn.Module):
@@ -109,6 +142,8 @@ class LinearMixer(nn.Module):
     A subclass declares (class attributes, read by the registry and everything derived from it):
         name, title, recurrence, new_parameters: its config value, display name, recurrence and new
             parameters in words (cards, README);
+        start_knobs: the per-head knobs its `teacher_start` sets ("half_life", "strength"), which
+            `linzoo.calibrate` fits to a teacher;
         fast_kernels: a `kernels.FastKernels` with `chunk` and `recurrent` functions (or its own `fast_core`);
         short_conv: whether the short convolution is on by default; delta, qk_l2norm: the delta rule and
             L2-normalised q, k; state_value_columns: extra value columns its state carries;
@@ -117,6 +152,7 @@ class LinearMixer(nn.Module):
     """
 
     name = title = recurrence = new_parameters = None
+    start_knobs = ()  # what `teacher_start` sets: "half_life" and/or "strength"
     fast_kernels = None
     short_conv = False
     delta = False
@@ -137,7 +173,8 @@ class LinearMixer(nn.Module):
         self.k_proj = nn.Linear(hidden, Hkv * D, bias=False)
         self.v_proj = nn.Linear(hidden, Hkv * D, bias=False)
         self.o_proj = nn.Linear(H * D, hidden, bias=False)
-        self.conv = ShortConv((H + 2 * Hkv) * D, config.conv_size) if config.use_short_conv else None
+        silu = {"silu": None, "silu_qk": (H + Hkv) * D, "identity": 0}[config.conv_activation]
+        self.conv = ShortConv((H + 2 * Hkv) * D, config.conv_size, silu) if config.use_short_conv else None
         self.o_norm = RMSNorm(D, eps=config.rms_norm_eps, config=config)
 
     @classmethod
@@ -148,6 +185,12 @@ class LinearMixer(nn.Module):
         if config.use_short_conv:
             shapes["conv"] = ((H + 2 * Hkv) * D, config.conv_size)
         return shapes
+
+    def teacher_start(self, half_life=None, strength=None):
+        """Sets the gates for a start fitted to a teacher (`linzoo.calibrate`), with their input-dependent parts
+        still at zero: per head [H], a decay that halves the state in `half_life` tokens and a write strength in
+        (0, 1). Gets exactly the knobs of `start_knobs`; a mixer without any has nothing to set (its output norm
+        is fitted either way)."""
 
     def gates(self, x):
         """Returns (g, beta) for hidden states x [B, T, hidden]; g is log-decay [B,T,H] or [B,T,H,K]."""
@@ -220,6 +263,11 @@ class DeltaRuleMixer(LinearMixer):
     def reset_new_parameters(self):
         init.zeros_(self.b_proj.weight)
         init.zeros_(self.b_proj.bias)  # beta = 0.5
+
+    @torch.no_grad()
+    def start_strength(self, strength):
+        """beta = strength per head [H] (b_proj's weight at zero)."""
+        self.b_proj.bias.copy_(torch.logit(torch.as_tensor(strength, dtype=torch.float32)))
 
     def beta(self, x):
         return torch.sigmoid(self.b_proj(x).float())

@@ -11,9 +11,13 @@ class DeltaNet(DeltaRuleMixer):
     title = "DeltaNet"
     recurrence = "S_t = (I − β_t k_t k_tᵀ) S_{t-1} + β_t k_t v_tᵀ: the delta rule erases before it writes"
     new_parameters = "β, short conv"
+    start_knobs = ("strength",)
     fast_kernels = FastKernels("the deltanet kernels", chunk="fla.ops.delta_rule.chunk_delta_rule",
                                recurrent="fla.ops.delta_rule.fused_recurrent_delta_rule")
     fla_peer = ("DeltaNetConfig", "DeltaNetForCausalLM", dict(expand_k=1, expand_v=1))
+
+    def teacher_start(self, strength):
+        self.start_strength(strength)
 
     def gates(self, x):
         return None, self.beta(x)

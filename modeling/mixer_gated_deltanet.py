@@ -11,6 +11,7 @@ class GatedDeltaNet(DeltaRuleMixer, HeadDecay):
     title = "Gated DeltaNet"
     recurrence = "S_t = α_t (I − β_t k_t k_tᵀ) S_{t-1} + β_t k_t v_tᵀ, per-head α_t = exp(−e^A softplus(a·x_t + dt))"
     new_parameters = "α (A_log, dt), β, short conv"
+    start_knobs = ("half_life", "strength")
     fast_kernels = FastKernels("the gated_deltanet kernels",
                                chunk="fla.ops.gated_delta_rule.chunk_gated_delta_rule",
                                recurrent="fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule")
@@ -23,6 +24,10 @@ class GatedDeltaNet(DeltaRuleMixer, HeadDecay):
     def reset_new_parameters(self):
         super().reset_new_parameters()
         self.reset_head_decay()
+
+    def teacher_start(self, half_life, strength):
+        self.start_head_decay(half_life)
+        self.start_strength(strength)
 
     def gates(self, x):
         return self.head_decay(x)[0], self.beta(x)

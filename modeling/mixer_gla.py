@@ -1,11 +1,12 @@
 """Gated Linear Attention (Yang et al., 2024): a data-dependent decay per key channel."""
 
+import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
 
 from .kernels import FastKernels
-from .mixer_base import LinearMixer
+from .mixer_base import LinearMixer, decay_rate
 
 
 class GLA(LinearMixer):
@@ -15,6 +16,7 @@ class GLA(LinearMixer):
     title = "Gated Linear Attention"
     recurrence = "S_t = Diag(α_t) S_{t-1} + k_t v_tᵀ, per-channel α_t = σ(W₂W₁x_t + b)^(1/16)"
     new_parameters = "low-rank gate"
+    start_knobs = ("half_life",)
     fast_kernels = FastKernels("the gla kernels", chunk="fla.ops.gla.chunk_gla",
                                recurrent="fla.ops.gla.fused_recurrent_gla")
     fla_peer = ("GLAConfig", "GLAForCausalLM", dict(expand_k=1, expand_v=1))
@@ -30,6 +32,12 @@ class GLA(LinearMixer):
         # Second factor starts at zero and the bias at 3: alpha = sigmoid(3)^(1/16) ~ 0.997, a slow decay.
         init.zeros_(self.gk_proj[1].weight)
         init.constant_(self.gk_proj[1].bias, 3.0)
+
+    @torch.no_grad()
+    def teacher_start(self, half_life):
+        # logsigmoid(b) / normalizer = -rate on every channel of a head (the second factor stays zero).
+        alpha = torch.exp(-self.config.gate_logit_normalizer * decay_rate(half_life))
+        self.gk_proj[1].bias.copy_(torch.logit(alpha).repeat_interleave(self.head_dim))
 
     def gates(self, x):
         B, T, _ = x.shape

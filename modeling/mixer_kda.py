@@ -6,7 +6,7 @@ from torch import nn
 from transformers import initialization as init
 
 from .kernels import FastKernels
-from .mixer_base import DeltaRuleMixer, init_decay
+from .mixer_base import DeltaRuleMixer, decay_rate, init_decay, inverse_softplus
 
 
 class KDA(DeltaRuleMixer):
@@ -16,6 +16,7 @@ class KDA(DeltaRuleMixer):
     title = "Kimi Delta Attention"
     recurrence = "S_t = (I − β_t k_t k_tᵀ) Diag(α_t) S_{t-1} + β_t k_t v_tᵀ, per-channel α_t"
     new_parameters = "per-channel α, β, short conv"
+    start_knobs = ("half_life", "strength")
     fast_kernels = FastKernels("the kda kernels", chunk="fla.ops.kda.chunk_kda",
                                recurrent="fla.ops.kda.fused_recurrent_kda")
     fla_peer = ("KDAConfig", "KDAForCausalLM", dict(head_dim=64, expand_v=1))
@@ -32,6 +33,13 @@ class KDA(DeltaRuleMixer):
         super().reset_new_parameters()
         init.zeros_(self.f_proj[1].weight)
         init_decay(self.A_log, self.dt_bias)
+
+    @torch.no_grad()
+    def teacher_start(self, half_life, strength):
+        # A = 1 and every channel of a head at that head's rate (f_proj's second factor stays zero).
+        self.A_log.zero_()
+        self.dt_bias.copy_(inverse_softplus(decay_rate(half_life)).repeat_interleave(self.head_dim))
+        self.start_strength(strength)
 
     def gates(self, x):
         B, T, _ = x.shape

@@ -15,6 +15,7 @@ class LinearAttention(LinearMixer):
     title = "Linear attention"
     recurrence = "S_t = S_{t-1} + φ(k_t) v_tᵀ, φ = elu+1 (config `feature_map`)"
     new_parameters = "output norm"
+    # No decay or strength: from a teacher only the output norm is fitted (no start_knobs).
     fast_kernels = FastKernels("the linear_attn kernels", chunk="fla.ops.simple_gla.chunk_simple_gla",
                                recurrent="fla.ops.simple_gla.fused_recurrent_simple_gla")
     fla_peer = ("LinearAttentionConfig", "LinearAttentionForCausalLM", dict(expand_k=1, expand_v=1, num_kv_heads=3))

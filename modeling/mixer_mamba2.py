@@ -1,7 +1,7 @@
 """Mamba-2's state-space duality (Dao & Gu, 2024): a scalar per-head decay tied to an input-dependent step.
 
 In Mamba-2's names C_t = q_t, B_t = k_t, x_t = v_t (the teacher's projections, through the short convolution
-with SiLU as Mamba-2's conv1d), Δ_t = softplus(a·x_t + dt_bias) and decay exp(−e^A Δ_t) (`mixer_base.HeadDecay`).
+as Mamba-2's conv1d; its SiLU per config `conv_activation`), Δ_t = softplus(a·x_t + dt_bias) and decay exp(−e^A Δ_t) (`mixer_base.HeadDecay`).
 Mamba-2's D skip and z-gated norm are left out: the per-head output norm plays the norm's part, as for the other
 mixers.
 """
@@ -17,6 +17,9 @@ class Mamba2(LinearMixer, HeadDecay):
     title = "Mamba-2 (SSD)"
     recurrence = "S_t = exp(−e^A Δ_t) S_{t-1} + Δ_t k_t v_tᵀ, per-head step Δ_t = softplus(a·x_t + dt)"
     new_parameters = "Δ (A_log, dt, its projection), short conv"
+    # The step also scales the write, but with no delta rule a per-head scale is undone by the output norm: only the
+    # decay is a knob.
+    start_knobs = ("half_life",)
     # SSD with a scalar decay per head is GLA with that decay on every key channel, the step folded into v. Training
     # uses fla's GLA chunk kernel: fla 0.6's simple-GLA chunk backward with a data-dependent decay refuses Hopper
     # GPUs under Triton < 3.7.1 (fla #640) and its tilelang path does not cover it; decoding uses simple GLA's step.
@@ -32,6 +35,9 @@ class Mamba2(LinearMixer, HeadDecay):
 
     def reset_new_parameters(self):
         self.reset_head_decay()
+
+    def teacher_start(self, half_life):
+        self.start_head_decay(half_life)
 
     def gates(self, x):
         return self.head_decay(x)  # (log-decay, step): the step scales the write

@@ -14,6 +14,8 @@ class RetNet(LinearMixer):
     title = "RetNet"
     recurrence = "S_t = γ_h S_{t-1} + k_t v_tᵀ, γ_h = 1 − 2^(−5−h) fixed per head"
     new_parameters = "output norm"
+    # Its decays are fixed by the head index (a buffer, not a parameter): from a teacher only the output norm is
+    # fitted (no start_knobs).
     # fla's retention kernels use the same fixed decays 1 - 2^(-5-h).
     fast_kernels = FastKernels("the retnet kernels", chunk="fla.ops.retention.chunk_retention",
                                recurrent="fla.ops.retention.fused_recurrent_retention")

@@ -6,7 +6,7 @@ from torch import nn
 from transformers import initialization as init
 
 from .kernels import FastKernels
-from .mixer_base import LinearMixer
+from .mixer_base import LinearMixer, decay_rate
 
 
 def _mlstm_length(T):
@@ -32,6 +32,7 @@ class MLSTM(LinearMixer):
         recurrent="mlstm_kernels.torch.recurrent.triton_step.mlstm_recurrent_step__triton",
     )
     state_value_columns = 1  # the normaliser
+    start_knobs = ("half_life",)
 
     def __init__(self, config, layer_idx):
         super().__init__(config, layer_idx)
@@ -44,6 +45,15 @@ class MLSTM(LinearMixer):
         init.constant_(self.igate.bias, -10.0)
         init.zeros_(self.fgate.weight)
         init.copy_(self.fgate.bias, torch.linspace(3.0, 6.0, self.num_heads))
+
+    @torch.no_grad()
+    def teacher_start(self, half_life):
+        # Forget gate sigmoid(b) = exp(-rate). Input gate 1 (bias 0): at the default e^-10 the mixer's output is
+        # ~1e-5, which the output norm's eps swallows; a uniform input gate is otherwise undone by the normaliser
+        # and the output norm, so it is no knob.
+        f = torch.exp(-decay_rate(half_life))
+        self.fgate.bias.copy_(torch.logit(f))
+        self.igate.bias.zero_()
 
     def features(self, q, k, v):
         return q, k, torch.cat([v, torch.ones_like(v[..., :1])], -1)

@@ -26,7 +26,16 @@ left() { echo $((LIMIT - SECONDS > 10 ? LIMIT - SECONDS : 10)); }  # what remain
 SHORT=${SHORT-linear_attn retnet gla deltanet kda xlstm}  # 2M-token runs; SHORT= (empty): none
 LONG=${LONG-gated_deltanet}  # TRAIN_TOKENS (20M) runs with the recipe's batch; LONG= (empty): none
 
-RUNS="$LONG $SHORT"
+# RUNS_FILE (e.g. recipes/135m/ablation.runs): instead of LONG/SHORT, one run per line "name mixer tokens [flags...]"
+# (all side by side on the one card; results under each name): an ablation at equal budget.
+RUNS_FILE=${RUNS_FILE:-}
+if [ -n "$RUNS_FILE" ]; then
+  [ -f "$RUNS_FILE" ] || { echo "RUNS_FILE $RUNS_FILE does not exist"; exit 2; }
+  LONG= SHORT=
+  RUNS=$(grep -v '^[[:space:]]*#' "$RUNS_FILE" | awk 'NF {print $1}' | tr '\n' ' ')
+else
+  RUNS="$LONG $SHORT"
+fi
 for m in $LONG; do case " $SHORT " in *" $m "*) echo "$m is in both LONG and SHORT: name it in one"; exit 2;; esac; done
 EVAL_JOBS=${EVAL_JOBS:-6}
 case $EVAL_JOBS in ''|*[!0-9]*|0) echo "EVAL_JOBS must be a whole number >= 1, got '$EVAL_JOBS'"; exit 2;; esac
@@ -43,6 +52,8 @@ export LINZOO_DEBUG=1  # a failing job's log keeps its traceback
 export LINZOO_CACHE=/tmp/lzcache HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 [ -d /tmp/lzcache/data ] || { mkdir -p /tmp/lzcache && cp -r "$R/.dev/lzcache/." /tmp/lzcache/; }
+# The long corpus (--dataset long) travels as its xz bundle in .dev/corpus (scripts/corpus_bundle.py export).
+[ -d "$R/.dev/corpus" ] && export LINZOO_CORPUS_DIR=$R/.dev/corpus
 cd /tmp/work  # outside the checkout: its linzoo/ folder would shadow the installed package
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee "$OUT/card.txt"
 python3 -c "from linzoo.loading import resolve; print(resolve('embedded'))"  # convert the GGUF once
@@ -50,12 +61,12 @@ python3 -c "from linzoo.loading import resolve; print(resolve('embedded'))"  # c
 save_triton() { tar czf /tmp/triton.tgz -C "$TRITON_CACHE_DIR" . && [ "$(stat -c %s /tmp/triton.tgz)" -lt 16000000 ] \
   && cp /tmp/triton.tgz "$OUT/triton-cache.tgz"; }
 
-linearize() {  # mixer tokens [extra flags...]: starts it in the background unless finished or already running
-  local m=$1 tokens=$2; shift 2
+linearize() {  # name mixer tokens [extra flags...]: starts it in the background unless finished or already running
+  local m=$1 mixer=$2 tokens=$3; shift 3
   if [ -f "/tmp/runs/$m/linzoo_training.json" ]; then echo "$m: finished already"; return; fi
   if ! flock -n "/tmp/runs/$m.lock" true; then echo "$m: still running (from an earlier call)"; return; fi
   echo "$m: starting (or resuming)"
-  setsid nohup flock -o "/tmp/runs/$m.lock" python3 -m linzoo.cli linearize --config "$R/recipes/135m/linearize.yaml" --mixer "$m" \
+  setsid nohup flock -o "/tmp/runs/$m.lock" python3 -m linzoo.cli linearize --config "$R/recipes/135m/linearize.yaml" --mixer "$mixer" \
     --teacher embedded --total_tokens "$tokens" --output_dir "/tmp/runs/$m" --disable_tqdm true --report_to none \
     --save_steps 100 --save_total_limit 1 "$@" ${TRAIN_ARGS:-} >"/tmp/runs/$m.$(date +%s).log" 2>&1 </dev/null &
   for _ in $(seq 100); do flock -n "/tmp/runs/$m.lock" true || return 0; sleep 0.1; done  # until it holds the lock
@@ -63,13 +74,29 @@ linearize() {  # mixer tokens [extra flags...]: starts it in the background unle
 }
 
 start_runs() {  # Gated DeltaNet with the recipe's batch; the short runs with 2 x 4 accumulation (same tokens/step)
-  for m in $LONG; do linearize "$m" "${TRAIN_TOKENS:-20000000}" --logging_steps 10; done
+  if [ -n "$RUNS_FILE" ]; then
+    [ -n "${LINZOO_CORPUS_DIR:-}" ] && grep -q -- "--dataset long" "$RUNS_FILE" && python3 -c \
+      "from linzoo.data import load_text_dataset; load_text_dataset('long', split='train')"  # import the bundle once
+    local name mixer tokens flags
+    while read -r name mixer tokens flags; do
+      case "$name" in ''|'#'*) continue;; esac
+      # shellcheck disable=SC2086  # flags split into words on purpose
+      linearize "$name" "$mixer" "${TRAIN_TOKENS:-$tokens}" --logging_steps 10 $flags
+      # one at a time through data loading and packing (runs sharing a dataset would race for its cache files)
+      for _ in $(seq 240); do
+        grep -qs -e "fitted the fresh student" -e "linzoo: stage1" -e Traceback /tmp/runs/$name.*.log && break
+        flock -n "/tmp/runs/$name.lock" true && break; sleep 0.5
+      done
+    done < <(grep -v '^[[:space:]]*#' "$RUNS_FILE")
+    return
+  fi
+  for m in $LONG; do linearize "$m" "$m" "${TRAIN_TOKENS:-20000000}" --logging_steps 10; done
   [ -z "$SHORT" ] && return
   # pack the short runs' shared 2M-token budget once, before six processes race for the same datasets cache file
   python3 -c "from linzoo import load_teacher; from linzoo.data import load_text_dataset, pack_dataset
 pack_dataset(load_text_dataset('embedded', split='train'), load_teacher('embedded')[1], 2048, max_tokens=${SHORT_TOKENS:-2000000})"
   for m in $SHORT; do
-    linearize "$m" "${SHORT_TOKENS:-2000000}" --logging_steps 5 --per_device_train_batch_size 2 \
+    linearize "$m" "$m" "${SHORT_TOKENS:-2000000}" --logging_steps 5 --per_device_train_batch_size 2 \
       --gradient_accumulation_steps 4
   done
 }

@@ -102,15 +102,27 @@ def run_stage(index, student, teacher, tokenizer, dataset, args):
     return summary
 
 
+def calibration_ids(dataset, tokens, length=512):
+    """The first `tokens` tokens of the packed training rows as [rows, <= length] ids for `linearize(calibration=)`,
+    or None for 0 tokens."""
+    if tokens <= 0:
+        return None
+    length = min(length, len(dataset[0]["input_ids"]), tokens)
+    ids, rows = [], -(-tokens // length)
+    for row in dataset.select(range(min(len(dataset), rows)))["input_ids"]:
+        ids += [row[i:i + length] for i in range(0, len(row) - length + 1, length)]
+    return torch.tensor(ids[:rows])
+
+
 def linearize_run(args: LinearizeConfig):
     from .. import linearize, load_teacher
     from ..convert import fresh_parameters
-    from ..data import load_text_dataset, pack_dataset
+    from ..data import load_text_dataset, pack_dataset, with_repeats
     from ..modeling import LinzooForCausalLM
 
     teacher, tokenizer = load_teacher(args.teacher)
     check_compatible(teacher, tokenizer, args.max_seq_length)
-    text = load_text_dataset(args.dataset, split="train")
+    text = with_repeats(load_text_dataset(args.dataset, split="train"), args.repeat_every, args.seed)
     dataset = pack_dataset(text, tokenizer, args.max_seq_length, max_tokens=args.total_tokens)
     out = Path(args.output_dir)
     summaries, student = [], None
@@ -123,8 +135,15 @@ def linearize_run(args: LinearizeConfig):
             continue
         if student is None:
             set_seed(args.seed)  # the new parameters' initialisation, like the Trainer's own randomness, follows --seed
-            student = linearize(teacher, args.mixer, attn_layers=args.attn_layers, kernel_backend=args.kernel_backend)
+            calibration = calibration_ids(dataset, args.calibration_tokens)
+            student = linearize(teacher, args.mixer, calibration=calibration, attn_layers=args.attn_layers,
+                                kernel_backend=args.kernel_backend)
             check_same_vocab(student, teacher)
+            if calibration is not None:
+                report = student.calibration_report
+                errors = [v["error"] for k, v in report.items() if isinstance(k, int)]
+                print(f"linzoo: fitted the fresh student to the teacher on {calibration.numel():,} tokens in "
+                      f"{report['seconds']} s (mean attention-output error on them {sum(errors) / max(len(errors), 1):.3f})")
         if args.stage_tokens()[index] == 0:
             continue
         summaries.append(run_stage(index, student, teacher, tokenizer, dataset, args))
@@ -135,7 +154,8 @@ def linearize_run(args: LinearizeConfig):
         "teacher": student.config.teacher, "mixer": args.mixer, "dataset": args.dataset,
         "max_seq_length": args.max_seq_length, "total_tokens": args.total_tokens,
         "stage_fractions": args.stage_fractions, "stage_learning_rates": args.stage_learning_rates,
-        "kd_temperature": args.kd_temperature, "kd_alpha": args.kd_alpha,
+        "kd_temperature": args.kd_temperature, "kd_alpha": args.kd_alpha, "calibration_tokens": args.calibration_tokens,
+        "repeat_every": args.repeat_every,
         "tokens": {s["stage"]: s["tokens"] for s in summaries}, "stages": summaries,
         "new_parameters": sorted({name.split(".self_attn.")[1] for name in fresh_parameters(student)}),
     }

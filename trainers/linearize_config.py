@@ -30,6 +30,11 @@ class LinearizeConfig(SFTConfig, KDArguments):
     dataset: str = field(
         default="embedded", metadata={"help": "Text for distillation: 'embedded', local files, or a Hub dataset id."}
     )
+    repeat_every: int = field(
+        default=0,
+        metadata={"help": "Copy/recall-rich text: after every ~N characters of a document insert a verbatim excerpt "
+                          "of its earlier text (linzoo.data.with_repeats); 0: the text as it is."},
+    )
     total_tokens: int = field(default=20_000_000, metadata={"help": "Token budget over the three stages."})
     stage_fractions: list[float] = field(
         default_factory=lambda: [0.1, 0.2, 0.7],
@@ -40,6 +45,11 @@ class LinearizeConfig(SFTConfig, KDArguments):
         default_factory=lambda: [1e-3, 1e-4, 1e-4], metadata={"help": "Peak learning rate of each stage."}
     )
     kernel_backend: str = field(default="auto", metadata={"help": "'auto', 'fast' (fla kernels) or 'torch'."})
+    calibration_tokens: int = field(
+        default=4096,
+        metadata={"help": "Tokens of the training text (rows of at most 512) the fresh student is fitted to the teacher "
+                          "on before stage 1 (linzoo.calibrate; results/init/). 0: the plain start."},
+    )
     # Defaults for a linearization run (overridable like any TrainingArguments field).
     report_to: list[str] | str | None = field(default="none", metadata={"help": "Trackers (e.g. wandb) or 'none'."})
     logging_steps: float = field(default=10, metadata={"help": "Log every N steps."})
@@ -59,6 +69,8 @@ class LinearizeConfig(SFTConfig, KDArguments):
             raise ValueError(f"stage_fractions must be three non-negative numbers, got {self.stage_fractions}.")
         if len(self.stage_learning_rates) != 3:
             raise ValueError(f"stage_learning_rates must be three numbers, got {self.stage_learning_rates}.")
+        if self.calibration_tokens < 0:
+            raise ValueError(f"calibration_tokens must be >= 0 (0: no fit), got {self.calibration_tokens}.")
         if self.total_tokens <= 0 or self.max_seq_length <= 0:
             raise ValueError("total_tokens and max_seq_length must be positive.")
         self.check_kd()

@@ -1,0 +1,196 @@
+"""A student's start fitted to its teacher: each mixer's new parameters set, per layer, to reproduce the teacher
+attention on a few hundred tokens (`linzoo.linearize(..., calibration=ids)` calls `teacher_start`).
+
+The measure is stage 1's: each layer's ||mixer(x_l) - attn(x_l)||^2 / ||attn(x_l)||^2 with x_l the teacher's input
+to layer l (`scripts/init_error.py` reports it per layer). Per mixer layer:
+
+1. the knobs its class declares (`LinearMixer.start_knobs`: a decay half-life, a write strength) are chosen per head
+   from a few candidates, one knob after the other, by how well the head's output, at its best scale, reproduces
+   the teacher head's output (pre-`o_proj`, weighted by that head's block of `o_proj`). Heads are independent up to
+   the output projection, so one pass per candidate scores every head at once;
+2. the output norm's weight (a linear map of the normalised heads) is solved by least squares against the teacher's
+   output after `o_proj`, exactly: it sets the scale. Before it, a fresh student's output norm left every head at
+   unit RMS, 10-600x the teacher attention's energy;
+3. `o_proj` itself is then solved by ridge least squares from the mixer's heads to the teacher attention's output,
+   shrunk towards the teacher's o_proj (`fit_output_projection`), with the shrinkage chosen on held-out calibration
+   rows (`choose_ridge`; no refit if none helps): the teacher's o_proj mixes heads that the linear mixer reproduces
+   only in part, and the refit re-weights what it does reproduce.
+
+Input-dependent gate weights stay at zero (their `reset_new_parameters` start): training makes the gates depend on
+the input. What it measured on SmolLM2-135M-Instruct is in `results/init/`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+# Per-head candidates (tokens for a half-life, beta or input-gate level for a strength). The first search holds the
+# later knobs at their default.
+CANDIDATES = {"half_life": (2.0, 8.0, 32.0, 128.0, 2048.0), "strength": (0.05, 0.2, 0.5)}
+DEFAULTS = {"half_life": 8.0, "strength": 0.2}
+# o_proj's refit: shrinkage towards the weight it replaces, relative to the heads' mean energy; chosen per layer on
+# held-out calibration tokens (`choose_ridge`), None meaning no refit at all
+RIDGES = (0.03, 0.1, 0.3, 1.0, 3.0, None)
+
+
+@torch.no_grad()
+def teacher_layer_io(teacher, input_ids, layers):
+    """{layer: (x, y, a)}: the teacher attention's input x [B, T, hidden] (after input_layernorm), its output y after
+    o_proj and its per-head output a [B, T, heads * head_dim] before o_proj, for `layers`."""
+    io, hooks = {i: [None, None, None] for i in layers}, []
+
+    def keep(i, slot, take):
+        def hook(module, args, kwargs, out):
+            io[i][slot] = take(args, kwargs, out)
+        return hook
+
+    for i in layers:
+        attn = teacher.model.layers[i].self_attn
+        hooks.append(attn.register_forward_hook(keep(i, 0, lambda a, kw, o: a[0] if a else kw["hidden_states"]),
+                                                with_kwargs=True))
+        hooks.append(attn.register_forward_hook(keep(i, 1, lambda a, kw, o: o[0] if isinstance(o, tuple) else o),
+                                                with_kwargs=True))
+        hooks.append(attn.o_proj.register_forward_hook(keep(i, 2, lambda a, kw, o: a[0] if a else kw["input"]),
+                                                       with_kwargs=True))
+    try:
+        teacher(input_ids=input_ids, use_cache=False, logits_to_keep=1)
+    finally:
+        for h in hooks:
+            h.remove()
+    return {i: tuple(v) for i, v in io.items()}
+
+
+@torch.no_grad()
+def normalised_heads(mixer, x):
+    """The mixer's per-head outputs on x after its output norm's normalisation, before its weight: [N, H, D] fp32."""
+    seen = {}
+    hook = mixer.o_norm.register_forward_hook(lambda m, args, out: seen.__setitem__("z", args[0]))
+    try:
+        mixer(x)
+    finally:
+        hook.remove()
+    z = seen["z"].float()
+    z = z * torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + mixer.o_norm.eps)
+    return z.reshape(-1, mixer.num_heads, mixer.head_dim)
+
+
+def head_misfit(n, a, o_weight):
+    """Per head: the share of the teacher head's energy left after the best scale of the student head,
+    ||W_h (s n_h - a_h)||^2 / ||W_h a_h||^2 minimised over s, with W_h the head's block of o_proj. n, a: [N, H, D]."""
+    H, D = n.shape[1:]
+    W = o_weight.float().view(-1, H, D)
+    out = []
+    for h in range(H):
+        M = W[:, h].T @ W[:, h]
+        nM, aM = n[:, h] @ M, a[:, h] @ M
+        enn, eaa, ena = (nM * n[:, h]).sum(), (aM * a[:, h]).sum(), (nM * a[:, h]).sum()
+        out.append(1 - ena**2 / (enn * eaa).clamp_min(1e-30))
+    return torch.stack(out)
+
+
+def fit_output_norm(n, y, o_weight):
+    """The output-norm weight w [D] minimising ||y - o_proj(w * n)||^2, and the stage-1 error it leaves.
+
+    n: [N, H, D] normalised heads; y: [N, hidden] the teacher's output. With M = W^T W and C = n^T n over (head,
+    channel) pairs, the normal equations are sum over head pairs of (C * M) w = sum over heads of n * (y W)."""
+    H, D = n.shape[1:]
+    N, W, y = n.reshape(-1, H * D), o_weight.float(), y.float()
+    gram = ((N.T @ N) * (W.T @ W)).view(H, D, H, D).sum((0, 2))
+    rhs = (N * (y @ W)).view(-1, H, D).sum((0, 1))
+    ridge = 1e-6 * gram.diagonal().mean().clamp_min(1e-30)
+    w = torch.linalg.solve(gram + ridge * torch.eye(D, device=gram.device), rhs)
+    energy = y.pow(2).sum()
+    return w, ((energy - 2 * w @ rhs + w @ gram @ w) / energy).item()
+
+
+def fit_output_projection(z, y, prior, ridge):
+    """o_proj's weight [hidden, H * D] minimising ||y - z W^T||^2 + ridge * mean(diag(z^T z)) * ||W - prior||^2: least
+    squares from the mixer's heads z [N, H * D] (o_proj's input) to the teacher attention's output y [N, hidden],
+    shrunk towards `prior` (the weight it replaces) so that a few hundred tokens cannot overfit it. In float64."""
+    z, y, prior = z.double(), y.double(), prior.double()
+    gram = z.T @ z
+    lam = ridge * gram.diagonal().mean().clamp_min(1e-30)
+    gram += lam * torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device)
+    return torch.linalg.solve(gram, z.T @ y + lam * prior.T).T
+
+
+def choose_ridge(z, y, prior, rows):
+    """The ridge of `RIDGES` whose fit on the first half of the calibration rows best predicts the second half (the
+    first and second half of the tokens for one row); None (keep `prior`) when no refit does better than it."""
+    n = z.shape[0]
+    cut = (rows // 2) * (n // rows) if rows > 1 else n // 2
+    def error(weight):
+        return (y[cut:].double() - z[cut:].double() @ weight.double().T).pow(2).sum().item()
+    scores = {r: error(prior if r is None else fit_output_projection(z[:cut], y[:cut], prior, r)) for r in RIDGES}
+    best = min(scores, key=scores.get)
+    tie = 1e-6 * y[cut:].double().pow(2).sum().item()  # within this of each other the teacher's weight stays
+    return None if scores[None] <= scores[best] + tie else best
+
+
+@torch.no_grad()
+def projection_input(mixer, x):
+    """What the mixer feeds its o_proj on x: [N, H * D]."""
+    seen = {}
+    hook = mixer.o_proj.register_forward_hook(lambda m, args, out: seen.__setitem__("z", args[0]))
+    try:
+        mixer(x)
+    finally:
+        hook.remove()
+    return seen["z"].reshape(-1, seen["z"].shape[-1])
+
+
+@torch.no_grad()
+def teacher_start(student, teacher, input_ids, verbose=False):
+    """Fits every mixer layer of `student` (built by `linearize` from `teacher`) to the teacher on `input_ids`
+    [rows, length] (see the module docstring). Returns {layer: {"knobs": {name: [per head]}, "error": stage-1 error
+    on these tokens}, "seconds": wall time, "cpu_seconds": this process's CPU time}."""
+    start, cpu = time.perf_counter(), time.process_time()
+    config = student.config
+    layers = [i for i in range(config.num_hidden_layers) if i not in config.attn_layers]
+    input_ids = torch.as_tensor(input_ids).to(next(teacher.parameters()).device)
+    if input_ids.dim() == 1:
+        input_ids = input_ids[None]
+    io = teacher_layer_io(teacher, input_ids, layers)
+    report = {}
+    for i in layers:
+        mixer = student.model.layers[i].self_attn
+        x, y, a = io.pop(i)
+        x = x.to(mixer.o_proj.weight.dtype)
+        a = a.float().reshape(-1, mixer.num_heads, mixer.head_dim)
+        H = mixer.num_heads
+        knobs = {name: torch.full((H,), DEFAULTS[name]) for name in mixer.start_knobs}
+        if knobs:
+            mixer.teacher_start(**knobs)
+        n = None
+        for name in mixer.start_knobs:
+            candidates = CANDIDATES[name]
+            outs, misfit = [], []
+            for value in candidates:
+                mixer.teacher_start(**{**knobs, name: torch.full((H,), value)})
+                outs.append(normalised_heads(mixer, x))
+                misfit.append(head_misfit(outs[-1], a, mixer.o_proj.weight))
+            best = torch.stack(misfit).argmin(0).cpu()
+            knobs[name] = torch.tensor([candidates[k] for k in best])
+            mixer.teacher_start(**knobs)
+            # Heads do not interact before o_proj: the chosen heads' outputs are already computed.
+            n = torch.stack([outs[k][:, h] for h, k in enumerate(best.tolist())], 1)
+        if n is None:
+            n = normalised_heads(mixer, x)
+        w, error = fit_output_norm(n, y.reshape(-1, y.shape[-1]), mixer.o_proj.weight)
+        mixer.o_norm.weight.copy_(w)
+        y = y.reshape(-1, y.shape[-1])
+        z = projection_input(mixer, x)
+        ridge = choose_ridge(z, y, mixer.o_proj.weight, input_ids.shape[0])
+        if ridge is not None:
+            mixer.o_proj.weight.copy_(fit_output_projection(z, y, mixer.o_proj.weight, ridge).to(mixer.o_proj.weight.dtype))
+        error_after = ((y.float() - mixer.o_proj(z.to(mixer.o_proj.weight.dtype)).float()).pow(2).sum()
+                       / y.float().pow(2).sum()).item()
+        report[i] = {"knobs": {k: [round(v, 4) for v in values.tolist()] for k, values in knobs.items()},
+                     "error_norm_fit": error, "o_proj_ridge": ridge, "error": error_after}
+        if verbose:
+            print(f"linzoo: calibrated layer {i}: error {error_after:.3f} {report[i]['knobs']}")
+    report["seconds"] = round(time.perf_counter() - start, 1)
+    report["cpu_seconds"] = round(time.process_time() - cpu, 1)
+    return report
