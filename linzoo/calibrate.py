@@ -105,28 +105,49 @@ def fit_output_norm(n, y, o_weight):
     return w, ((energy - 2 * w @ rhs + w @ gram @ w) / energy).item()
 
 
+def _moments(z, y):
+    """(z^T z, z^T y, ||y||^2) in float64: all that a least-squares fit and its error need."""
+    z, y = z.double(), y.double()
+    return z.T @ z, z.T @ y, y.pow(2).sum()
+
+
+def _solve(gram, cross, prior, ridge):
+    lam = ridge * gram.diagonal().mean().clamp_min(1e-30)
+    eye = torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device)
+    return torch.linalg.solve(gram + lam * eye, cross + lam * prior.double().T).T
+
+
+def _squared_error(weight, gram, cross, energy):
+    """||y - z W^T||^2 from the moments of (z, y)."""
+    weight = weight.double()
+    return (energy - 2 * (weight * cross.T).sum() + ((weight @ gram) * weight).sum()).item()
+
+
 def fit_output_projection(z, y, prior, ridge):
     """o_proj's weight [hidden, H * D] minimising ||y - z W^T||^2 + ridge * mean(diag(z^T z)) * ||W - prior||^2: least
     squares from the mixer's heads z [N, H * D] (o_proj's input) to the teacher attention's output y [N, hidden],
     shrunk towards `prior` (the weight it replaces) so that a few hundred tokens cannot overfit it. In float64."""
-    z, y, prior = z.double(), y.double(), prior.double()
-    gram = z.T @ z
-    lam = ridge * gram.diagonal().mean().clamp_min(1e-30)
-    gram += lam * torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device)
-    return torch.linalg.solve(gram, z.T @ y + lam * prior.T).T
+    gram, cross, _ = _moments(z, y)
+    return _solve(gram, cross, prior, ridge)
+
+
+def refit_output_projection(z, y, prior, rows):
+    """(ridge, weight): the ridge of `RIDGES` whose fit on the first half of the calibration rows best predicts the
+    second half (first and second half of the tokens for a single row), and the fit with it on all rows; (None, None)
+    (keep `prior`) when no refit predicts the held-out half better than `prior` does."""
+    n = z.shape[0]
+    cut = (rows // 2) * (n // rows) if rows > 1 else n // 2
+    first, second = _moments(z[:cut], y[:cut]), _moments(z[cut:], y[cut:])
+    scores = {r: _squared_error(prior if r is None else _solve(first[0], first[1], prior, r), *second) for r in RIDGES}
+    best = min(scores, key=scores.get)
+    if scores[None] <= scores[best] + 1e-6 * second[2].item():  # a tie keeps the teacher's weight
+        return None, None
+    return best, _solve(first[0] + second[0], first[1] + second[1], prior, best)
 
 
 def choose_ridge(z, y, prior, rows):
-    """The ridge of `RIDGES` whose fit on the first half of the calibration rows best predicts the second half (the
-    first and second half of the tokens for one row); None (keep `prior`) when no refit does better than it."""
-    n = z.shape[0]
-    cut = (rows // 2) * (n // rows) if rows > 1 else n // 2
-    def error(weight):
-        return (y[cut:].double() - z[cut:].double() @ weight.double().T).pow(2).sum().item()
-    scores = {r: error(prior if r is None else fit_output_projection(z[:cut], y[:cut], prior, r)) for r in RIDGES}
-    best = min(scores, key=scores.get)
-    tie = 1e-6 * y[cut:].double().pow(2).sum().item()  # within this of each other the teacher's weight stays
-    return None if scores[None] <= scores[best] + tie else best
+    """The ridge `refit_output_projection` picks (None: no refit)."""
+    return refit_output_projection(z, y, prior, rows)[0]
 
 
 @torch.no_grad()
@@ -182,9 +203,9 @@ def teacher_start(student, teacher, input_ids, verbose=False):
         mixer.o_norm.weight.copy_(w)
         y = y.reshape(-1, y.shape[-1])
         z = projection_input(mixer, x)
-        ridge = choose_ridge(z, y, mixer.o_proj.weight, input_ids.shape[0])
-        if ridge is not None:
-            mixer.o_proj.weight.copy_(fit_output_projection(z, y, mixer.o_proj.weight, ridge).to(mixer.o_proj.weight.dtype))
+        ridge, weight = refit_output_projection(z, y, mixer.o_proj.weight, input_ids.shape[0])
+        if weight is not None:
+            mixer.o_proj.weight.copy_(weight.to(mixer.o_proj.weight.dtype))
         error_after = ((y.float() - mixer.o_proj(z.to(mixer.o_proj.weight.dtype)).float()).pow(2).sum()
                        / y.float().pow(2).sum()).item()
         report[i] = {"knobs": {k: [round(v, 4) for v in values.tolist()] for k, values in knobs.items()},

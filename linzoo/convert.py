@@ -57,14 +57,14 @@ def linearize(teacher, mixer: str = DEFAULT_MIXER, calibration=None, **options) 
     teacher's head count and are repeated per query head inside the mixer). Layers in `attn_layers` keep the
     teacher's softmax attention.
 
-    `calibration`: token ids [rows, length] of text like the training data (~1,000 tokens do; results/init/). With
-    them the student starts fitted to the teacher (`linzoo.calibrate`): the short convolution's SiLU acts on q and k
-    only (`conv_activation="silu_qk"` unless `options` say otherwise), so the value path is the teacher's v_proj;
-    each head's decay half-life and write strength, and the output norm that sets the scale, are fitted on those
-    tokens (the fit's report: `student.calibration_report`). About 12 s for a Gated DeltaNet student of
-    SmolLM2-135M on 1,024 tokens and 2 CPU cores. Without them, the new parameters (`fresh_parameters`) keep each
-    mixer's plain start (`reset_new_parameters`: gates near 1, identity convs, unit norms; SiLU on q, k and v), as
-    every student had before the fit, whose output is 10-600x the teacher attention's energy.
+    `calibration`: token ids [rows, length] of text like the training data (`linzoo linearize` passes 4,096 tokens of
+    its training rows, `--calibration_tokens`; results/init/). With them the student starts fitted to the teacher
+    (`linzoo.calibrate`): the short convolution's SiLU acts on q and k only (`conv_activation="silu_qk"` unless
+    `options` say otherwise), so the value path is the teacher's v_proj; each head's decay half-life and write
+    strength, the output norm that sets the scale and, where held-out rows say it helps, o_proj are fitted on those
+    tokens (the fit's report: `student.calibration_report`). Without them, the new parameters (`fresh_parameters`)
+    keep each mixer's plain start (`reset_new_parameters`: gates near 1, identity convs, unit norms; SiLU on q, k
+    and v), as every student had before the fit, whose output is 10-600x the teacher attention's energy.
     """
     if isinstance(teacher, str):
         from .loading import load_teacher

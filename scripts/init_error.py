@@ -1,7 +1,7 @@
 """How far a fresh student is from its teacher before any training: stage 1's per-layer error right after linearize.
 
     python scripts/init_error.py --out results/init          # all mixers, the embedded teacher, ~8 min on 2 CPU cores
-    python scripts/init_error.py --mixers gated_deltanet --calibration_rows 1
+    python scripts/init_error.py --mixers gated_deltanet --calibration_rows 2
     python scripts/init_error.py --mixers deltanet,gated_deltanet,mamba2 --conv_activation silu --out results/init/conv_silu
 
 For every mixer it builds two students from the teacher and measures each layer's attention-output error
@@ -20,6 +20,7 @@ Writes init_error.json (per layer, means, what the fit chose, seconds) and init_
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -51,6 +52,12 @@ def layer_errors(student, io):
         x, y = io[i]
         errors.append(loss([layer.self_attn(x)], [y]).item())
     return errors
+
+
+@torch.no_grad()
+def perplexity(model, ids):
+    """exp of the mean next-token cross-entropy over the held-out rows: what the untrained student is as a model."""
+    return math.exp(model(input_ids=ids, labels=ids, use_cache=False).loss.item())
 
 
 @torch.no_grad()
@@ -128,12 +135,14 @@ def plot(results, path):
 
 
 def markdown(results):
-    lines = ["| mixer | plain start | statistics start | fitted start | plain / fitted | calibration wall s (CPU s) |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| mixer | plain start | statistics start | fitted start | plain / fitted | perplexity plain / fitted "
+             "(teacher) | calibration wall s (CPU s) |",
+             "|---|---|---|---|---|---|---|"]
     for mixer, r in results.items():
         stats = "same as fitted (no knobs)" if r["statistics_mean"] is None else f"{r['statistics_mean']:.3f}"
         lines.append(f"| `{mixer}` | {r['plain_mean']:.3f} | {stats} | **{r['fitted_mean']:.3f}** | "
-                     f"{r['plain_mean'] / r['fitted_mean']:.0f}x | {r['calibration_seconds']} "
+                     f"{r['plain_mean'] / r['fitted_mean']:.0f}x | {r['perplexity']['plain']:,.0f} / "
+                     f"{r['perplexity']['fitted']:.1f} ({r['perplexity']['teacher']:.2f}) | {r['calibration_seconds']} "
                      f"({r['calibration_cpu_seconds']}) |")
     lines.append("")
     lines.append("(mean over the 30 layers of the per-layer error; 0 is the teacher, 1 a zero output)")
@@ -152,7 +161,8 @@ def main():
     parser.add_argument("--mixers", default=",".join(linzoo.MIXERS))
     parser.add_argument("--rows", type=int, default=8, help="held-out rows (embedded test split)")
     parser.add_argument("--length", type=int, default=512, help="tokens per row")
-    parser.add_argument("--calibration_rows", type=int, default=2, help="rows of the train split for the fit")
+    parser.add_argument("--calibration_rows", type=int, default=8,
+                        help="rows of the train split for the fit (8 x 512: the 4,096 tokens linzoo linearize uses)")
     parser.add_argument("--conv_activation", default="silu_qk",
                         help="the fitted (and statistics) students' conv_activation: linearize's silu_qk, or another")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -169,7 +179,8 @@ def main():
     calibration = text_ids(tokenizer, "train", args.calibration_rows, args.length)
     with torch.no_grad():
         io = _layer_io(teacher, held_out, None)
-    print(f"held-out {tuple(held_out.shape)} tokens, calibration {tuple(calibration.shape)}, "
+    teacher_ppl = perplexity(teacher, held_out)
+    print(f"teacher perplexity {teacher_ppl:.2f}; held-out {tuple(held_out.shape)} tokens, calibration {tuple(calibration.shape)}, "
           f"{torch.get_num_threads()} threads")
 
     results = {}
@@ -177,6 +188,7 @@ def main():
         torch.manual_seed(0)
         plain = linzoo.linearize(teacher, mixer, kernel_backend="torch").eval()
         plain_errors = layer_errors(plain, io)
+        plain_ppl = perplexity(plain, held_out)
         del plain
         torch.manual_seed(0)
         start = time.perf_counter()
@@ -184,6 +196,7 @@ def main():
                                   kernel_backend="torch").eval()
         seconds = time.perf_counter() - start
         fitted_errors = layer_errors(fitted, io)
+        fitted_ppl = perplexity(fitted, held_out)
         report = fitted.calibration_report
         del fitted
         statistics_errors, stats = None, None
@@ -197,8 +210,10 @@ def main():
             "plain": plain_errors, "fitted": fitted_errors, "statistics": statistics_errors,
             "plain_mean": mean(plain_errors), "fitted_mean": mean(fitted_errors),
             "statistics_mean": mean(statistics_errors),
+            "perplexity": {"teacher": teacher_ppl, "plain": plain_ppl, "fitted": fitted_ppl},
             "fitted_error_on_calibration_tokens": [report[i]["error"] for i in range(L)],
             "fitted_knobs": {i: report[i]["knobs"] for i in range(L)},
+            "o_proj_ridge": {i: report[i]["o_proj_ridge"] for i in range(L)},
             "attention_mean_distance": None if stats is None else {i: stats[i][0].tolist() for i in range(L)},
             "attention_entropy": None if stats is None else {i: stats[i][1].tolist() for i in range(L)},
             "calibration_seconds": report["seconds"], "calibration_cpu_seconds": report["cpu_seconds"],
@@ -206,7 +221,8 @@ def main():
         }
         r = results[mixer]
         print(f"{mixer:15s} mean over layers: plain {r['plain_mean']:.4f}  fitted {r['fitted_mean']:.4f}  "
-              f"statistics {r['statistics_mean']}  (linearize {r['linearize_seconds']} s, of which calibration "
+              f"statistics {r['statistics_mean']}  perplexity plain {plain_ppl:.1f} fitted {fitted_ppl:.1f} "
+              f"(teacher {teacher_ppl:.2f})  (linearize {r['linearize_seconds']} s, of which calibration "
               f"{r['calibration_seconds']} s wall, {r['calibration_cpu_seconds']} s CPU)")
         print("  plain :", " ".join(f"{e:.3g}" for e in plain_errors))
         print("  fitted:", " ".join(f"{e:.3f}" for e in fitted_errors), flush=True)

@@ -573,3 +573,28 @@ def test_built_long_corpus_has_no_niah_text():
         ds = datasets.load_from_disk(str(target))[split]
         for batch in ds.iter(batch_size=5000):
             assert not any(data.has_niah_text(t) for t in batch["text"])
+
+
+def test_repeats_insert_verbatim_earlier_excerpts():
+    import random
+
+    lines = [f"Line {i}: the {['red', 'green', 'blue'][i % 3]} fox number {i} jumped over fence {i * 7}." for i in range(300)]
+    text = "\n".join(lines)
+    out = data.repeat_excerpts(text, 1000, random.Random(0))
+    assert out == data.repeat_excerpts(text, 1000, random.Random(0))  # deterministic under its rng
+    added = [p for p in out.split("\n") if p and p not in lines]
+    assert len(added) >= len(text) // 1000 - 2  # one excerpt per ~1,000 characters
+    seen = []
+    for line in out.split("\n"):
+        if line and line not in lines:  # an inserted excerpt: verbatim (whole words) from the text before it
+            assert 40 <= len(line) <= 400 and line in " ".join(" ".join(seen).split())
+        seen.append(line)
+    assert [line for line in out.split("\n") if line in lines] == lines  # the document itself untouched, in order
+    assert data.repeat_excerpts("short text", 1000, random.Random(0)) == "short text"
+
+    ds = datasets.Dataset.from_dict({"text": [text, "short"]})
+    assert data.with_repeats(ds, 0) is ds
+    repeated = data.with_repeats(ds, 1000, seed=3)
+    assert repeated["text"][1] == "short" and repeated["text"][0] != text
+    assert repeated["text"] == data.with_repeats(ds, 1000, seed=3)["text"]
+    assert repeated["text"][0] != data.with_repeats(ds, 1000, seed=4)["text"][0]

@@ -94,6 +94,8 @@ def test_config_errors(tmp_path):
         LinearizeConfig(output_dir=str(tmp_path), stage_fractions=[1.0])
     with pytest.raises(ValueError, match="kd_alpha"):
         LinearizeConfig(output_dir=str(tmp_path), kd_alpha=2.0)
+    with pytest.raises(ValueError, match="calibration_tokens must be >= 0"):
+        LinearizeConfig(output_dir=str(tmp_path), calibration_tokens=-1)
 
 
 # --- few-step runs on tiny models -----------------------------------------------------------
@@ -129,6 +131,9 @@ def test_linearize_three_stages_then_resume(tiny_teacher_dir, tiny_corpus, tmp_p
     assert sum(record["tokens"].values()) >= 3000 * 0.9
     model = _loads(out)
     assert model.config.mixer == mixer and model.config.attn_layers == [int(i) for i in attn_layers]
+    # the fresh student was fitted to the teacher on the first training rows (--calibration_tokens, default 4096)
+    assert record["calibration_tokens"] == 4096 and record["repeat_every"] == 0
+    assert model.config.conv_activation == "silu_qk" and "fitted the fresh student" in capsys.readouterr().out
     assert not hasattr(model.config, "linzoo_stage")  # lineage lives in linzoo_training.json
     # A killed stage 3: its checkpoints remain, its "done" marker does not. The rerun skips stages 1-2 and
     # resumes stage 3 from the last checkpoint at the same step.
