@@ -33,6 +33,7 @@ DEFAULTS = {"half_life": 8.0, "strength": 0.2}
 # o_proj's refit: shrinkage towards the weight it replaces, relative to the heads' mean energy; chosen per layer on
 # held-out calibration tokens (`choose_ridge`), None meaning no refit at all
 RIDGES = (0.03, 0.1, 0.3, 1.0, 3.0, None)
+KNOB_TOKENS = 512
 
 
 @torch.no_grad()
@@ -106,9 +107,10 @@ def fit_output_norm(n, y, o_weight):
 
 
 def _moments(z, y):
-    """(z^T z, z^T y, ||y||^2) in float64: all that a least-squares fit and its error need."""
-    z, y = z.double(), y.double()
-    return z.T @ z, z.T @ y, y.pow(2).sum()
+    """(z^T z, z^T y, ||y||^2), float32 products returned as float64: all that a least-squares fit and its error
+    need."""
+    z, y = z.float(), y.float()
+    return (z.T @ z).double(), (z.T @ y).double(), y.double().pow(2).sum()
 
 
 def _solve(gram, cross, prior, ridge):
@@ -151,18 +153,6 @@ def choose_ridge(z, y, prior, rows):
 
 
 @torch.no_grad()
-def projection_input(mixer, x):
-    """What the mixer feeds its o_proj on x: [N, H * D]."""
-    seen = {}
-    hook = mixer.o_proj.register_forward_hook(lambda m, args, out: seen.__setitem__("z", args[0]))
-    try:
-        mixer(x)
-    finally:
-        hook.remove()
-    return seen["z"].reshape(-1, seen["z"].shape[-1])
-
-
-@torch.no_grad()
 def teacher_start(student, teacher, input_ids, verbose=False):
     """Fits every mixer layer of `student` (built by `linearize` from `teacher`) to the teacher on `input_ids`
     [rows, length] (see the module docstring). Returns {layer: {"knobs": {name: [per head]}, "error": stage-1 error
@@ -179,8 +169,11 @@ def teacher_start(student, teacher, input_ids, verbose=False):
         mixer = student.model.layers[i].self_attn
         x, y, a = io.pop(i)
         x = x.to(mixer.o_proj.weight.dtype)
-        a = a.float().reshape(-1, mixer.num_heads, mixer.head_dim)
         H = mixer.num_heads
+        # The knobs are chosen on the first KNOB_TOKENS (512 tokens chose them about as well as 2,048:
+        # results/init/), the output norm and o_proj fitted on all.
+        knob_rows = min(x.shape[0], -(-KNOB_TOKENS // x.shape[1]))
+        x_knob, a = x[:knob_rows], a[:knob_rows].float().reshape(-1, H, mixer.head_dim)
         knobs = {name: torch.full((H,), DEFAULTS[name]) for name in mixer.start_knobs}
         if knobs:
             mixer.teacher_start(**knobs)
@@ -190,19 +183,19 @@ def teacher_start(student, teacher, input_ids, verbose=False):
             outs, misfit = [], []
             for value in candidates:
                 mixer.teacher_start(**{**knobs, name: torch.full((H,), value)})
-                outs.append(normalised_heads(mixer, x))
+                outs.append(normalised_heads(mixer, x_knob))
                 misfit.append(head_misfit(outs[-1], a, mixer.o_proj.weight))
             best = torch.stack(misfit).argmin(0).cpu()
             knobs[name] = torch.tensor([candidates[k] for k in best])
             mixer.teacher_start(**knobs)
             # Heads do not interact before o_proj: the chosen heads' outputs are already computed.
             n = torch.stack([outs[k][:, h] for h, k in enumerate(best.tolist())], 1)
-        if n is None:
+        if n is None or knob_rows < x.shape[0]:
             n = normalised_heads(mixer, x)
-        w, error = fit_output_norm(n, y.reshape(-1, y.shape[-1]), mixer.o_proj.weight)
-        mixer.o_norm.weight.copy_(w)
         y = y.reshape(-1, y.shape[-1])
-        z = projection_input(mixer, x)
+        w, error = fit_output_norm(n, y, mixer.o_proj.weight)
+        mixer.o_norm.weight.copy_(w)
+        z = (n * mixer.o_norm.weight.float()).reshape(n.shape[0], -1)  # what o_proj receives: o_norm = weight * n
         ridge, weight = refit_output_projection(z, y, mixer.o_proj.weight, input_ids.shape[0])
         if weight is not None:
             mixer.o_proj.weight.copy_(weight.to(mixer.o_proj.weight.dtype))
