@@ -196,6 +196,8 @@ def repeat_excerpts(text: str, every: int, rng) -> str:
         since = 0
         so_far = "\n".join(out)
         span = rng.randint(80, 400)
+        if len(so_far) <= span:
+            continue
         start = rng.randint(max(0, len(so_far) - 6000), len(so_far) - span)
         start = so_far.find(" ", start) + 1  # whole words
         end = so_far.rfind(" ", start, start + span)

@@ -591,6 +591,9 @@ def test_repeats_insert_verbatim_earlier_excerpts():
         seen.append(line)
     assert [line for line in out.split("\n") if line in lines] == lines  # the document itself untouched, in order
     assert data.repeat_excerpts("short text", 1000, random.Random(0)) == "short text"
+    for seed in range(2000):  # documents just past the 400-character floor never fail for want of earlier text
+        one = "word " * 79 + "last"  # 399 characters: a 400-character excerpt cannot fit
+        assert data.repeat_excerpts(one, 100, random.Random(seed)).startswith(one)
 
     ds = datasets.Dataset.from_dict({"text": [text, "short"]})
     assert data.with_repeats(ds, 0) is ds
