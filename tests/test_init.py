@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from test_modeling import INIT_CHECKS, TINY, VOCAB, _fla_causal_conv1d, tiny_llama
+from test_modeling import INIT_CHECKS, TINY, VOCAB, _fla_causal_conv1d, _one_thread, tiny_llama  # noqa: F401 (autouse)
 
 import linzoo
 from linzoo.calibrate import CANDIDATES, RIDGES, choose_ridge, fit_output_norm, fit_output_projection, normalised_heads
@@ -22,14 +22,6 @@ from linzoo.modeling.mixers import MIXER_CLASSES
 from linzoo.trainers.linearize_trainer import AttentionTransferTrainer, _layer_io
 
 CONV_MIXERS = [m for m in linzoo.MIXERS if MIXER_CLASSES[m].short_conv]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
