@@ -807,3 +807,28 @@ def test_fused_ops_plumbing(mixer, monkeypatch):
     check_decoding(model.eval())  # the cached window goes through the fused conv too (prefill and steps)
     check_left_padding(model)
     assert calls["conv"] > before or not model.config.use_short_conv
+
+
+@pytest.mark.parametrize("mixer", linzoo.MIXERS)
+def test_graphed_decoder_steps_equal_generate(mixer):
+    """The CUDA-graph decoder's static-buffer step, run eagerly (graph=False), gives generate()'s greedy tokens
+    from the first on, twice in a row (each call starts again just after the prompt)."""
+    from linzoo.graphs import GraphedDecoder
+
+    model = tiny_model(mixer, initializer_range=0.5)  # large weights: varied greedy tokens
+    prompt = torch.randint(1, VOCAB, (1, 9))
+    with torch.no_grad():
+        reference = model.generate(prompt, max_new_tokens=12, min_new_tokens=12, do_sample=False)[:, 9:]
+    assert len(reference.unique()) > 2, "a near-constant reference would not tell a wrong step from a right one"
+    decoder = GraphedDecoder(model, prompt, graph=False)
+    assert torch.equal(decoder.generate(12), reference)
+    assert torch.equal(decoder.generate(12), reference)
+
+
+def test_graphed_decoder_refuses_cpu_graphs_and_hybrids():
+    from linzoo.graphs import GraphedDecoder
+
+    with pytest.raises(ValueError, match="graph=False"):
+        GraphedDecoder(tiny_model("gla"), torch.randint(1, VOCAB, (1, 4)))
+    with pytest.raises(ValueError, match="hybrid"):
+        GraphedDecoder(tiny_model("gla", attn_layers=[0]), torch.randint(1, VOCAB, (1, 4)), graph=False)
