@@ -1,18 +1,25 @@
-"""Training and decoding speed: linzoo students vs fla's own *ForCausalLM peers, side by side (needs CUDA).
+"""Training and decoding speed: linzoo students vs fla's own *ForCausalLM peers, side by side.
 
-    python scripts/bench_speed.py --out results/bench_speed.json [--batch 16 --seq_len 2048]
+    python scripts/bench_speed.py --out results/bench_speed.json [--batch 16 --seq_len 2048] [--stages 12]
+    python scripts/bench_speed.py --teacher TINY_FOLDER --device cpu --skip_peers ...   # a CPU smoke run (tests)
 
-Both sides run in this one process at the SmolLM2-135M shape in bf16, with the same inputs and the same
-timing loop (CUDA events, warm-up first): fwd+bwd tokens/s with a next-token loss, and B=1 greedy decoding
-ms/token (ours: plain cached forward, and the same step replayed as a CUDA graph). Ratios = ours / peer.
+Both sides run in this one process at the teacher's shape (SmolLM2-135M by default) in bf16, with the same inputs
+and the same timing loop (CUDA events, warm-up first): fwd+bwd tokens/s with a next-token loss, and B=1 greedy
+decoding ms/token (ours: plain cached forward, and the same step replayed as a CUDA graph). Ratios = ours / peer.
 Each of ours is also checked whole-model on a small batch: logits, loss and all gradients of the fast path
 (fla / mlstm-kernels kernels, fused norms, SwiGLU, conv and cross-entropy; bf16) against the torch path in fp32,
 beside the torch path in bf16 against the same reference (the `floor` that bf16 alone explains).
+
+`--stages N` also runs `linzoo linearize`'s three stages N steps each through their own trainers (fp32 weights,
+bf16 autocast, as the CLI trains) on random rows of the same shape: steady and wall tokens/s per stage, and stage 3's
+rate over the model's own fwd+bwd rate. `--decode_prompts` times graph decoding after long prompts (flat is the
+goal), `--decode_batches` batched graph decoding in tokens/s.
 """
 
 import argparse
 import copy
 import json
+import tempfile
 import time
 
 import torch
@@ -57,10 +64,12 @@ def time_train(model, ids, iters, warmup=3):
         model(input_ids=ids, labels=ids).loss.backward()
 
     cuda_ms(step, warmup)
-    torch.cuda.reset_peak_memory_stats()
+    cuda = ids.device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     seconds = cuda_ms(step, iters) / 1000
     model.zero_grad(set_to_none=True)
-    return ids.numel() / seconds, torch.cuda.max_memory_allocated() / 2**30
+    return ids.numel() / seconds, torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")
 
 
 @torch.no_grad()
@@ -91,14 +100,66 @@ def model_parity(ours, ids):
 
 @torch.no_grad()
 def time_graph_decode(model, prompt, new_tokens):
-    """ms/token of CUDA-graph decoding, and how many of its tokens equal generate()'s greedy tokens (from the
-    first on, until the first difference: one flipped near-tie changes everything after it)."""
+    """ms/token of CUDA-graph decoding (the step run eagerly off CUDA), and how many of its tokens equal
+    generate()'s greedy tokens (from the first on, until the first difference: one flipped near-tie changes
+    everything after it)."""
+    graph = prompt.device.type == "cuda"
     reference = model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
-    graphed = GraphedDecoder(model, prompt).generate(new_tokens)
-    differs = (graphed != reference[:, prompt.shape[1]:])[0].nonzero()
+    decoder = GraphedDecoder(model, prompt, graph=graph)
+    differs = (decoder.generate(new_tokens) != reference[:, prompt.shape[1]:])[0].nonzero()
     same = int(differs[0]) if len(differs) else new_tokens
-    decoder = GraphedDecoder(model, prompt)
     return cuda_ms(lambda: decoder.generate(new_tokens)) / new_tokens, same
+
+
+@torch.no_grad()
+def time_long_decode(model, vocab, prompt_lengths, new_tokens, device):
+    """Graph decoding ms/token after a random prompt of each length (B=1): a linear student's step does not grow
+    with the context."""
+    out = {}
+    for length in prompt_lengths:
+        prompt = torch.randint(0, vocab, (1, length), device=device)
+        decoder = GraphedDecoder(model, prompt, graph=device.type == "cuda")
+        out[str(length)] = cuda_ms(lambda: decoder.generate(new_tokens), warmup=1) / new_tokens
+        del decoder
+    return out
+
+
+@torch.no_grad()
+def time_batched_decode(model, vocab, batches, new_tokens, device):
+    """Tokens/s of graph decoding B sequences at once after 32-token prompts."""
+    out = {}
+    for batch in batches:
+        decoder = GraphedDecoder(model, torch.randint(0, vocab, (batch, 32), device=device), graph=device.type == "cuda")
+        out[str(batch)] = batch * new_tokens / (cuda_ms(lambda: decoder.generate(new_tokens), warmup=1) / 1000)
+        del decoder
+    return out
+
+
+def time_stages(teacher_spec, mixer, batch, seq_len, steps, device):
+    """linzoo linearize's three stages, `steps` steps each through their own trainers (fp32 weights under bf16
+    autocast on CUDA, as the CLI trains), on random rows: steady and wall tokens/s and seconds per stage."""
+    from datasets import Dataset
+
+    from linzoo.trainers.linearize import STAGES, run_stage
+    from linzoo.trainers.linearize_config import LinearizeConfig
+
+    teacher, tokenizer = load_teacher(teacher_spec)  # fp32, as `linzoo linearize` loads it
+    data = Dataset.from_dict({"input_ids": torch.randint(0, teacher.config.vocab_size, (steps * batch, seq_len)).tolist()})
+    out = {}
+    with tempfile.TemporaryDirectory() as work:
+        args = LinearizeConfig(
+            output_dir=work, mixer=mixer, total_tokens=3 * steps * batch * seq_len, stage_fractions=[1, 1, 1],
+            max_seq_length=seq_len, per_device_train_batch_size=batch, logging_steps=max(1, steps // 4),
+            save_steps=10**9, calibration_tokens=0, bf16=device.type == "cuda", use_cpu=device.type != "cuda",
+            kernel_backend="auto", disable_tqdm=True,
+        )
+        student = linzoo.linearize(teacher, mixer)
+        for index, (name, _) in enumerate(STAGES):
+            s = run_stage(index, student, teacher, tokenizer, data, args)
+            out[name] = {"steady_tok_s": s["tokens_per_second_steady"], "wall_tok_s": s["tokens_per_second"],
+                         "seconds": s["seconds"], "steps": s["steps"]}
+    del student, teacher
+    return out
 
 
 def main():
@@ -110,15 +171,22 @@ def main():
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--new_tokens", type=int, default=128)
     ap.add_argument("--skip_peers", action="store_true")
+    ap.add_argument("--stages", type=int, default=0, help="steps per linearize stage to time (0: skip)")
+    ap.add_argument("--decode_prompts", default="", help="prompt lengths for graph decoding, e.g. 4096,32768")
+    ap.add_argument("--decode_batches", default="", help="batch sizes for graph decoding, e.g. 1,8,64")
+    ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run (fp32, no graphs, no parity)")
     ap.add_argument("--out", default="results/bench_speed.json")
     args = ap.parse_args()
-    dev = torch.device("cuda")
+    dev = torch.device(args.device)
+    cuda = dev.type == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
     teacher, _ = load_teacher(args.teacher)
-    teacher = teacher.to(dev, torch.bfloat16)
-    ids = torch.randint(0, teacher.config.vocab_size, (args.batch, args.seq_len), device=dev)
+    teacher = teacher.to(dev, dtype)
+    vocab = teacher.config.vocab_size
+    ids = torch.randint(0, vocab, (args.batch, args.seq_len), device=dev)
     prompt = ids[:1, :32]
-    res = {"card": torch.cuda.get_device_name(), "torch": torch.__version__, "batch": args.batch,
-           "seq_len": args.seq_len, "dtype": "bfloat16", "rows": {}}
+    res = {"card": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__, "batch": args.batch,
+           "seq_len": args.seq_len, "dtype": str(dtype).removeprefix("torch."), "rows": {}}
     stamp("teacher: fwd+bwd")
     tps, mem = time_train(teacher, ids, args.iters)
     res["rows"]["teacher"] = {"params_m": params_m(teacher), "train_tok_s": tps, "train_peak_gib": mem,
@@ -126,24 +194,40 @@ def main():
     print("teacher", json.dumps(res["rows"]["teacher"]), flush=True)
     for mixer in args.mixers.split(","):
         stamp(f"{mixer}: ours, fwd+bwd (first call compiles and autotunes the kernels)")
-        ours = linzoo.linearize(teacher, mixer).to(dev, torch.bfloat16)
+        ours = linzoo.linearize(teacher, mixer).to(dev, dtype)
         row = {"params_m": params_m(ours)}  # the peers have fla's defaults (e.g. output gates): sizes differ
-        ours.config.kernel_backend = "fast"
+        ours.config.kernel_backend = "fast" if cuda else "torch"
         row["train_tok_s"], row["train_peak_gib"] = time_train(ours, ids, args.iters)
         stamp(f"{mixer}: ours, generate()")
         row["decode_ms_per_token"] = time_generate(ours, prompt, args.new_tokens)
         stamp(f"{mixer}: ours, CUDA-graph decoding")
         row["decode_graph_ms_per_token"], row["graph_tokens_matching_generate"] = time_graph_decode(
             ours, prompt, args.new_tokens)
-        stamp(f"{mixer}: ours, fast vs torch path (logits, loss, gradients)")
-        row["parity"] = model_parity(ours, ids[:2, :512])
+        if args.decode_prompts:
+            stamp(f"{mixer}: ours, graph decoding after prompts of {args.decode_prompts} tokens")
+            row["decode_graph_ms_after_prompt"] = time_long_decode(
+                ours, vocab, [int(n) for n in args.decode_prompts.split(",")], args.new_tokens, dev)
+        if args.decode_batches:
+            stamp(f"{mixer}: ours, batched graph decoding at B = {args.decode_batches}")
+            row["decode_graph_tok_s_by_batch"] = time_batched_decode(
+                ours, vocab, [int(n) for n in args.decode_batches.split(",")], args.new_tokens, dev)
+        if cuda:
+            stamp(f"{mixer}: ours, fast vs torch path (logits, loss, gradients)")
+            row["parity"] = model_parity(ours, ids[:2, :512])
         del ours
+        if args.stages:
+            stamp(f"{mixer}: linearize stages 1-3, {args.stages} steps each through their trainers")
+            row["stages"] = time_stages(args.teacher, mixer, args.batch, args.seq_len, args.stages, dev)
+            kd = row["stages"]["stage3-kd"]["steady_tok_s"]
+            row["stage3_over_fwd_bwd"] = kd / row["train_tok_s"] if kd else None
+            row["stage12_over_stage3"] = [row["stages"][n]["steady_tok_s"] / kd if kd else None
+                                          for n in ("stage1-attention-transfer", "stage2-hidden-alignment")]
         peer = None
         if not args.skip_peers:
             stamp(f"{mixer}: fla's peer, built, then fwd+bwd")
             peer = fla_peer(mixer)
         if peer is not None:
-            peer = peer.to(dev, torch.bfloat16)
+            peer = peer.to(dev, dtype)
             row["peer_params_m"] = params_m(peer)
             row["peer_train_tok_s"], row["peer_train_peak_gib"] = time_train(peer, ids, args.iters)
             stamp(f"{mixer}: fla's peer, generate()")
@@ -156,7 +240,8 @@ def main():
         print(mixer, json.dumps(row), flush=True)
         with open(args.out, "w") as f:  # after every mixer, so a timeout keeps what finished
             json.dump(res, f, indent=1)
-        torch.cuda.empty_cache()
+        if cuda:
+            torch.cuda.empty_cache()
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
     nan = float("nan")
@@ -172,6 +257,16 @@ def main():
               f"{str(r.get('graph_tokens_matching_generate', '-')) + '/' + str(args.new_tokens):>9s} "
               f"{p.get('logits_rel', nan):10.2e} {p.get('logits_rel_floor', nan):8.2e} "
               f"{p.get('grad_rel', nan):9.2e} {p.get('grad_rel_floor', nan):8.2e}")
+    staged = {name: r for name, r in res["rows"].items() if "stages" in r}
+    if staged:
+        print(f"\n{'mixer':16s} {'fwd+bwd':>9s} {'stage1':>9s} {'stage2':>9s} {'stage3':>9s} {'s3/fwdbwd':>9s} "
+              f"{'s1/s3':>6s} {'s2/s3':>6s}   steady tokens/s (wall in brackets)")
+        for name, r in staged.items():
+            st = [r["stages"][n] for n in ("stage1-attention-transfer", "stage2-hidden-alignment", "stage3-kd")]
+            s12 = [nan if v is None else v for v in r["stage12_over_stage3"]]
+            print(f"{name:16s} {r['train_tok_s']:9.0f} " + " ".join(f"{x['steady_tok_s'] or nan:9.0f}" for x in st)
+                  + f" {r['stage3_over_fwd_bwd'] or nan:9.2f} {s12[0]:6.2f} {s12[1]:6.2f}   ("
+                  + " / ".join(f"{x['wall_tok_s']:.0f}" for x in st) + ")")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,6 @@
-"""What the benchmark scripts share: the relative error they report and their CUDA-event timing."""
+"""What the benchmark scripts share: the relative error they report and their timing."""
+
+import time
 
 import torch
 
@@ -10,9 +12,15 @@ def rel(a, b):
 
 
 def cuda_ms(fn, iters=1, warmup=0):
-    """Mean milliseconds per call of `fn()` over `iters` calls after `warmup` untimed ones (CUDA events)."""
+    """Mean milliseconds per call of `fn()` over `iters` calls after `warmup` untimed ones: CUDA events when CUDA
+    is up, else the wall clock (the CPU smoke runs of the benchmarks)."""
     for _ in range(warmup):
         fn()
+    if not torch.cuda.is_available():
+        start = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        return (time.perf_counter() - start) * 1000 / iters
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
