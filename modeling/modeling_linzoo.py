@@ -16,6 +16,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from .configuration_linzoo import LinzooConfig
+from .graph_decoding import graph_decoding
 from .kernels import fused_cross_entropy, fused_swiglu, use_fused_ops
 from .mixer_base import RMSNorm
 from .mixers import MIXER_CLASSES
@@ -41,7 +42,7 @@ class LinzooCache(DynamicCache):
     @property
     def is_compileable(self):
         # Keeps generate() from replacing our 2D padding mask by 4D attention masks (5.17 does for compileable
-        # caches). Graph capture of decoding is `linzoo.graphs.GraphedDecoder`'s job.
+        # caches). Graph capture of decoding is `graph_decoding.GraphedDecoder`'s job.
         return False
 
     def reset(self):
@@ -249,6 +250,8 @@ class LinzooModel(LinzooPreTrainedModel):
 
 class LinzooForCausalLM(LinzooPreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    # Greedy decoding through one CUDA graph per token: model.generate(..., custom_generate=model.graph_decoding).
+    graph_decoding = staticmethod(graph_decoding)
 
     def __init__(self, config):
         super().__init__(config)

@@ -26,7 +26,7 @@ import torch
 
 import linzoo
 from bench_utils import cuda_ms, rel
-from linzoo.graphs import GraphedDecoder
+from linzoo.modeling.graph_decoding import GraphedDecoder
 from linzoo.loading import load_teacher
 from linzoo.modeling.mixers import MIXER_CLASSES
 
@@ -103,11 +103,12 @@ def time_graph_decode(model, prompt, new_tokens):
     """ms/token of CUDA-graph decoding (the step run eagerly off CUDA), and how many of its tokens equal
     generate()'s greedy tokens (from the first on, until the first difference: one flipped near-tie changes
     everything after it)."""
-    graph = prompt.device.type == "cuda"
-    reference = model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
-    decoder = GraphedDecoder(model, prompt, graph=graph)
-    differs = (decoder.generate(new_tokens) != reference[:, prompt.shape[1]:])[0].nonzero()
+    kw = dict(max_new_tokens=new_tokens, do_sample=False, eos_token_id=None)  # no eos: all tokens compared
+    reference = model.generate(prompt, **kw)
+    graphed = model.generate(prompt, custom_generate=model.graph_decoding, **kw)  # the user's switch
+    differs = (graphed != reference)[0, prompt.shape[1]:].nonzero()
     same = int(differs[0]) if len(differs) else new_tokens
+    decoder = GraphedDecoder(model, prompt, graph=prompt.device.type == "cuda")  # timed without capture
     return cuda_ms(lambda: decoder.generate(new_tokens)) / new_tokens, same
 
 

@@ -813,7 +813,7 @@ def test_fused_ops_plumbing(mixer, monkeypatch):
 def test_graphed_decoder_steps_equal_generate(mixer):
     """The CUDA-graph decoder's static-buffer step, run eagerly (graph=False), gives generate()'s greedy tokens
     from the first on, twice in a row (each call starts again just after the prompt)."""
-    from linzoo.graphs import GraphedDecoder
+    from linzoo.modeling.graph_decoding import GraphedDecoder
 
     model = tiny_model(mixer, initializer_range=0.5)  # large weights: varied greedy tokens
     prompt = torch.randint(1, VOCAB, (1, 9))
@@ -826,9 +826,54 @@ def test_graphed_decoder_steps_equal_generate(mixer):
 
 
 def test_graphed_decoder_refuses_cpu_graphs_and_hybrids():
-    from linzoo.graphs import GraphedDecoder
+    from linzoo.modeling.graph_decoding import GraphedDecoder
 
     with pytest.raises(ValueError, match="graph=False"):
         GraphedDecoder(tiny_model("gla"), torch.randint(1, VOCAB, (1, 4)))
     with pytest.raises(ValueError, match="hybrid"):
         GraphedDecoder(tiny_model("gla", attn_layers=[0]), torch.randint(1, VOCAB, (1, 4)), graph=False)
+
+
+@pytest.mark.parametrize("mixer", ["gated_deltanet", "xlstm"])
+def test_generate_with_graph_decoding_equals_generate(mixer, monkeypatch):
+    """generate(custom_generate=model.graph_decoding) gives generate()'s own greedy sequences: a batch without
+    eos, then with an eos that ends one row early (padded after it) and, later, the other (generation stops)."""
+    from linzoo.modeling import graph_decoding as module
+
+    plain, why = module._plain_greedy, []
+    monkeypatch.setattr(module, "_plain_greedy", lambda *a: why.append(plain(*a)) or why[-1])
+    model = tiny_model(mixer, initializer_range=0.5)
+    prompt = torch.randint(1, VOCAB, (2, 7))
+    kw = dict(max_new_tokens=20, do_sample=False)
+    with torch.no_grad():
+        reference = model.generate(prompt, **kw)
+        assert torch.equal(model.generate(prompt, custom_generate=model.graph_decoding, **kw), reference)
+        new = reference[:, 7:]
+        # an eos both rows emit (generation stops when the later one does), else one that only row 0 emits early
+        both = [t for t in new[0, 2:].tolist() if t in new[1].tolist()]
+        for eos in ([both[0]] if both else []) + [int(new[0, 3])]:
+            with_eos = model.generate(prompt, eos_token_id=eos, pad_token_id=0, **kw)
+            graphed = model.generate(prompt, eos_token_id=eos, pad_token_id=0, custom_generate=model.graph_decoding,
+                                     **kw)
+            assert (with_eos[0, 7:] == 0).any()  # row 0 was padded after its eos
+            assert torch.equal(graphed, with_eos)
+    assert both, "no eos shared by the rows: the early stop went untested"
+    assert why and set(why) == {None}, why  # every call above took the graph decoder's loop, none generate()'s
+
+
+def test_graph_decoding_hands_other_modes_to_generate():
+    """Sampling (and padding, hybrids, processors) runs generate()'s own loop: the same tokens for the same seed."""
+    model = tiny_model("gla", initializer_range=0.5)
+    prompt = torch.randint(1, VOCAB, (1, 5))
+    kw = dict(max_new_tokens=8, do_sample=True, top_k=0, top_p=1.0, temperature=1.0)
+    with torch.no_grad():
+        torch.manual_seed(3)
+        reference = model.generate(prompt, **kw)
+        torch.manual_seed(3)
+        assert torch.equal(model.generate(prompt, custom_generate=model.graph_decoding, **kw), reference)
+    from linzoo.modeling.graph_decoding import _plain_greedy
+    from transformers import GenerationConfig
+
+    assert "sampling" in _plain_greedy(model, [], GenerationConfig(do_sample=True), None, {})
+    assert "padding" in _plain_greedy(model, [], GenerationConfig(), None, {"attention_mask": torch.tensor([[0, 1]])})
+    assert "hybrid" in _plain_greedy(tiny_model("gla", attn_layers=[0]), [], GenerationConfig(), None, {})

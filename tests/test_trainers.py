@@ -174,9 +174,11 @@ def test_stage1_trains_only_mixers(tiny_teacher_dir):
 
     teacher, _ = load_teacher(str(tiny_teacher_dir))
     student = build(teacher, "kda", attn_layers=[1])
-    set_trainable(student, 0)
+    set_trainable(student, "mixers")
     trainable = {n for n, p in student.named_parameters() if p.requires_grad}
     assert trainable and all(n.startswith("model.layers.0.self_attn.") for n in trainable)
+    set_trainable(student, "all")
+    assert all(p.requires_grad for p in student.parameters())
 
 
 @pytest.mark.parametrize("attn_layers", [(), (0,)], ids=["linear", "hybrid-attn0"])
@@ -190,7 +192,7 @@ def test_teacher_forced_mixers_are_the_mixers_on_the_teachers_inputs(tiny_teache
 
     teacher, _ = load_teacher(str(tiny_teacher_dir))
     student = build(teacher, "gated_deltanet", attn_layers=list(attn_layers)).train()
-    set_trainable(student, 0)
+    set_trainable(student, "mixers")
     ids = torch.randint(3, 50, (2, 11))
     io = _layer_io(teacher, ids, None)
     layers = [i for i in range(2) if i not in attn_layers]
