@@ -57,12 +57,12 @@ def check_same_vocab(student, teacher):
         )
 
 
-def set_trainable(student, stage):
-    """Stage 1 trains the linear mixers only; later stages train the whole student."""
+def set_trainable(student, what):
+    """`what` = "mixers": only the linear mixers train (a hybrid's softmax layers stay frozen); "all": everything."""
     for name, p in student.named_parameters():
         layer = name.split(".")[2] if name.startswith("model.layers.") else None
         in_mixer = layer is not None and ".self_attn." in name and int(layer) not in student.config.attn_layers
-        p.requires_grad_(in_mixer if stage == 0 else True)
+        p.requires_grad_(in_mixer or what == "all")
 
 
 def run_stage(index, student, teacher, tokenizer, dataset, args):
@@ -73,7 +73,7 @@ def run_stage(index, student, teacher, tokenizer, dataset, args):
         args, output_dir=str(stage_dir), max_steps=steps, learning_rate=args.stage_learning_rates[index],
         run_name=f"{Path(args.output_dir).name}-{name}",
     )
-    set_trainable(student, index)
+    set_trainable(student, args.stage_trainable[index])
     trainer = trainer_cls(model=student, args=cfg, train_dataset=dataset, processing_class=tokenizer,
                           teacher_model=teacher)
     resume = get_last_checkpoint(str(stage_dir)) if stage_dir.is_dir() else None
@@ -102,16 +102,16 @@ def run_stage(index, student, teacher, tokenizer, dataset, args):
     return summary
 
 
-def calibration_ids(dataset, tokens, length=512):
-    """The first `tokens` tokens of the packed training rows as [rows, <= length] ids for `linearize(calibration=)`,
-    or None for 0 tokens."""
+def calibration_ids(text, tokenizer, tokens, length=512):
+    """The first `tokens` tokens of the training text, packed into rows of `length` (whatever the training rows'
+    length: decays are chosen on the context the student will be used at), as [rows, length] ids for
+    `linearize(calibration=)`; None for 0 tokens."""
     if tokens <= 0:
         return None
-    length = min(length, len(dataset[0]["input_ids"]), tokens)
-    ids, rows = [], -(-tokens // length)
-    for row in dataset.select(range(min(len(dataset), rows)))["input_ids"]:
-        ids += [row[i:i + length] for i in range(0, len(row) - length + 1, length)]
-    return torch.tensor(ids[:rows])
+    from ..data import pack_dataset
+
+    rows = pack_dataset(text, tokenizer, min(length, tokens), max_tokens=tokens)
+    return torch.tensor(rows["input_ids"])
 
 
 def linearize_run(args: LinearizeConfig):
@@ -135,7 +135,8 @@ def linearize_run(args: LinearizeConfig):
             continue
         if student is None:
             set_seed(args.seed)  # the new parameters' initialisation, like the Trainer's own randomness, follows --seed
-            calibration = calibration_ids(dataset, args.calibration_tokens)
+            calibration = calibration_ids(text, tokenizer, args.calibration_tokens,
+                                          min(512, teacher.config.max_position_embeddings))
             student = linearize(teacher, args.mixer, calibration=calibration, attn_layers=args.attn_layers,
                                 kernel_backend=args.kernel_backend)
             check_same_vocab(student, teacher)
@@ -154,7 +155,7 @@ def linearize_run(args: LinearizeConfig):
         "teacher": student.config.teacher, "mixer": args.mixer, "dataset": args.dataset,
         "max_seq_length": args.max_seq_length, "total_tokens": args.total_tokens,
         "stage_fractions": args.stage_fractions, "stage_learning_rates": args.stage_learning_rates,
-        "kd_temperature": args.kd_temperature, "kd_alpha": args.kd_alpha, "calibration_tokens": args.calibration_tokens,
+        "stage_trainable": args.stage_trainable, "kd_temperature": args.kd_temperature, "kd_alpha": args.kd_alpha, "calibration_tokens": args.calibration_tokens,
         "repeat_every": args.repeat_every,
         "tokens": {s["stage"]: s["tokens"] for s in summaries}, "stages": summaries,
         "new_parameters": sorted({name.split(".self_attn.")[1] for name in fresh_parameters(student)}),

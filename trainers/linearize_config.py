@@ -44,6 +44,11 @@ class LinearizeConfig(SFTConfig, KDArguments):
     stage_learning_rates: list[float] = field(
         default_factory=lambda: [1e-3, 1e-4, 1e-4], metadata={"help": "Peak learning rate of each stage."}
     )
+    stage_trainable: list[str] = field(
+        default_factory=lambda: ["mixers", "all", "all"],
+        metadata={"help": "What each stage trains: 'mixers' (the token mixers only; the teacher's other weights stay "
+                          "frozen) or 'all'."},
+    )
     kernel_backend: str = field(default="auto", metadata={"help": "'auto', 'fast' (fla kernels) or 'torch'."})
     calibration_tokens: int = field(
         default=4096,
@@ -69,6 +74,8 @@ class LinearizeConfig(SFTConfig, KDArguments):
             raise ValueError(f"stage_fractions must be three non-negative numbers, got {self.stage_fractions}.")
         if len(self.stage_learning_rates) != 3:
             raise ValueError(f"stage_learning_rates must be three numbers, got {self.stage_learning_rates}.")
+        if len(self.stage_trainable) != 3 or set(self.stage_trainable) - {"mixers", "all"}:
+            raise ValueError(f"stage_trainable must be three of 'mixers'/'all', got {self.stage_trainable}.")
         if self.calibration_tokens < 0:
             raise ValueError(f"calibration_tokens must be >= 0 (0: no fit), got {self.calibration_tokens}.")
         if self.total_tokens <= 0 or self.max_seq_length <= 0:
