@@ -301,3 +301,41 @@ def test_linearize_is_reproducible_under_its_seed(tiny_teacher_dir, tiny_corpus,
     a, b, c = run("a", 1), run("b", 1), run("c", 2)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert any(not torch.equal(a[k], c[k]) for k in a if "a_proj" in k or "A_log" in k)
+
+
+def test_training_steps_read_nothing_back_from_the_device(tiny_teacher_dir, tiny_corpus, tmp_path, monkeypatch):
+    """Between logs a stage's step makes no host sync that Python asks for (.item(), bool(), int(), float(),
+    .tolist() of a tensor): the finite-loss check and the loss terms stay on the device until a log, and an all-ones
+    attention mask is dropped on the host. Counted over a whole run of 2 and of 8 steps of each stage with one log at
+    the end: the counts must be equal. (Not counted: transformers' own mask builder, which checks the Llama teacher's
+    positions for packed sequences in every forward.)"""
+    import sys
+
+    from linzoo.trainers import linearize
+
+    counts = {}
+
+    def counting(name):
+        original = getattr(torch.Tensor, name)
+
+        def wrapper(self, *args, **kwargs):
+            if not sys._getframe(1).f_code.co_filename.endswith("masking_utils.py"):
+                counts[name] = counts.get(name, 0) + 1
+            return original(self, *args, **kwargs)
+        return wrapper
+
+    runs = []
+    for steps in (2, 8):
+        with monkeypatch.context() as m:
+            for name in ("item", "__bool__", "__int__", "__float__", "tolist"):
+                m.setattr(torch.Tensor, name, counting(name))
+            counts.clear()
+            out = tmp_path / f"steps{steps}"
+            assert linearize.main(_linearize_argv(
+                tiny_teacher_dir, tiny_corpus, out, tokens=3 * steps * 64,
+                extra=("--calibration_tokens", "0", "--stage_fractions", "1", "1", "1", "--logging_steps", "100",
+                       "--save_steps", "100"))) == 0
+            runs.append(dict(counts))
+    stages = json.loads((tmp_path / "steps8" / "linzoo_training.json").read_text())["stages"]
+    assert [s["steps"] for s in stages] == [8, 8, 8]
+    assert runs[0] == runs[1], runs

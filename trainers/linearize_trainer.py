@@ -36,12 +36,18 @@ class TeacherStudentTrainer(SFTTrainer):
         self._throughput_mark = None
         self.throughput_log = []  # tokens/s of every logging interval after the first (warm-up) one
         self._loss_terms = defaultdict(list)  # the KD loss's CE and KL per step, kept on device until a log
+        # No host sync per step: the first non-finite loss's step and value are kept on the device
+        # (`_check_finite`) and read at the next log, checkpoint or the end of training (`_raise_if_nonfinite`).
+        # The Trainer's own NaN filter would sync every step only to hide such a loss from the logs.
+        self._nonfinite = None
+        self.args.logging_nan_inf_filter = False
 
     def log(self, logs, start_time=None):
         """Adds the loss terms (`ce`, `kl`) and `tokens_per_second` (all processes, over the interval since the
         previous log) to training logs.
         The first interval, which holds kernel compilation and the resume's data skipping, is not reported."""
         if "loss" in logs:
+            self._raise_if_nonfinite()
             for name, values in self._loss_terms.items():
                 logs[name] = round(torch.stack(values).mean().item(), 4)
             self._loss_terms.clear()
@@ -52,15 +58,43 @@ class TeacherStudentTrainer(SFTTrainer):
             self._throughput_mark, self._tokens = now, 0
         super().log(logs, start_time)
 
+    def _prepare_inputs(self, inputs):
+        """Drops an all-ones attention mask (packed rows have no padding) while the batch is still on the host: else
+        every forward on the device (the teacher's mask builder, the student's backbone) syncs to find that out."""
+        mask = inputs.get("attention_mask")
+        if isinstance(mask, torch.Tensor) and mask.device.type == "cpu" and mask.numpy().all():  # a host array
+            inputs = {k: v for k, v in inputs.items() if k != "attention_mask"}
+        return super()._prepare_inputs(inputs)
+
     def _check_finite(self, loss):
-        if not torch.isfinite(loss):
-            last = self.state.global_step - self.state.global_step % max(int(self.args.save_steps), 1)
-            raise FloatingPointError(
-                f"Non-finite loss ({loss.item()}) at step {self.state.global_step + 1} of {type(self).__name__}. "
-                f"Nothing was saved after it: the last good checkpoint is {self.args.output_dir}/checkpoint-{last} "
-                "(if that step was saved). Lower the learning rate, or use --kernel_backend torch to rule out kernels."
-            )
+        """Records, on the device, the first step whose loss is not finite (no host sync)."""
+        step = torch.full((), self.state.global_step + 1, device=loss.device)
+        if self._nonfinite is None:
+            self._nonfinite = torch.zeros(2, device=loss.device)  # [first bad step (0: none), its loss]
+        first = (self._nonfinite[0] == 0) & ~torch.isfinite(loss.detach())
+        self._nonfinite = torch.where(first, torch.stack([step.float(), loss.detach().float()]), self._nonfinite)
         return loss
+
+    def _raise_if_nonfinite(self):
+        """Stops the run if a loss since the start was not finite, before anything after it is saved."""
+        if self._nonfinite is None or self._nonfinite[0].item() == 0:
+            return
+        step, value = int(self._nonfinite[0].item()), self._nonfinite[1].item()
+        last = (step - 1) - (step - 1) % max(int(self.args.save_steps), 1)
+        raise FloatingPointError(
+            f"Non-finite loss ({value}) at step {step} of {type(self).__name__}. Nothing was saved after it: the "
+            f"last good checkpoint is {self.args.output_dir}/checkpoint-{last} (if that step was saved). Lower the "
+            "learning rate, or use --kernel_backend torch to rule out kernels."
+        )
+
+    def _save_checkpoint(self, *args, **kwargs):
+        self._raise_if_nonfinite()
+        return super()._save_checkpoint(*args, **kwargs)
+
+    def train(self, *args, **kwargs):
+        result = super().train(*args, **kwargs)
+        self._raise_if_nonfinite()  # steps after the last log
+        return result
 
     def _log_metric(self, name, value):
         """Averaged into the next training log; a tensor stays on its device (no host sync per step)."""
@@ -92,6 +126,13 @@ def _layer_io(model, input_ids, attention_mask):
     return captured
 
 
+class _Skipped(torch.nn.Module):
+    """Stands in for a decoder layer's MLP whose output nobody uses (attention transfer): returns zero."""
+
+    def forward(self, x):
+        return x.new_zeros(())
+
+
 def teacher_forced_mixers(model, blocks, layer_inputs, input_ids, attention_mask):
     """Outputs of the student's mixers in `blocks` (its decoder layers) at the indices of `layer_inputs`
     ({layer: input}), each fed its teacher's layer input (attention transfer).
@@ -115,6 +156,9 @@ def teacher_forced_mixers(model, blocks, layer_inputs, input_ids, attention_mask
     def keep(i):
         return lambda module, args, out: outputs.__setitem__(i, out)
 
+    # Every mixer's input is the teacher's, so the student's MLPs feed nothing that is kept: they are skipped
+    # (zeros in their place) for the duration of this forward, which is then the mixers' cost alone.
+    mlps = [block.mlp for block in blocks]
     try:
         for i in layers:
             hooks.append(blocks[i].self_attn.register_forward_pre_hook(feed(i), with_kwargs=True))
@@ -122,12 +166,14 @@ def teacher_forced_mixers(model, blocks, layer_inputs, input_ids, attention_mask
         for block in blocks:
             hooks.append(block.register_forward_hook(lambda module, args, out: out.detach()))
             block.gradient_checkpointing = False
+            block.mlp = _Skipped()
         model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=1)
     finally:
         for h in hooks:
             h.remove()
-        for block, on in zip(blocks, checkpointing):
+        for block, on, mlp in zip(blocks, checkpointing, mlps):
             block.gradient_checkpointing = on
+            block.mlp = mlp
     return [outputs[i] for i in layers]
 
 
