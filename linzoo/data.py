@@ -184,6 +184,28 @@ def with_repeats(dataset: datasets.Dataset, every: int, seed: int = 0) -> datase
                        desc=f"Repeating earlier excerpts every {every} characters")
 
 
+def with_chats(dataset: datasets.Dataset, chats: datasets.Dataset, tokenizer, fraction: float,
+               seed: int = 0) -> datasets.Dataset:
+    """`dataset`'s text documents with chats rendered through `tokenizer`'s chat template mixed in, so that distillation
+    also shows the student the teacher on its own chat format. `fraction` is the chats' expected share of the
+    characters (chats run far longer than most documents: each document is a chat with the probability that gives
+    that share at the two sides' mean lengths); stops when either side runs out. `fraction` <= 0 returns `dataset`."""
+    if fraction <= 0:
+        return dataset
+    if not tokenizer.chat_template:
+        raise ValueError("chat_fraction > 0 needs a tokenizer with a chat template (the teacher's); this one has none.")
+    if not 0 < fraction < 1:
+        raise ValueError(f"chat_fraction must lie in [0, 1), got {fraction}.")
+    rendered = chats.map(
+        lambda batch: {"text": [tokenizer.apply_chat_template(m, tokenize=False) for m in batch["messages"]]},
+        batched=True, remove_columns=chats.column_names, features=TEXT_FEATURES, desc="Rendering chats as text",
+    )
+    mean = [sum(map(len, ds.select(range(min(len(ds), 2000)))["text"])) / min(len(ds), 2000) for ds in (dataset, rendered)]
+    p = fraction * mean[0] / (fraction * mean[0] + (1 - fraction) * mean[1])
+    return datasets.interleave_datasets([dataset.select_columns(["text"]), rendered], probabilities=[1 - p, p],
+                                        seed=seed, stopping_strategy="first_exhausted")
+
+
 def repeat_excerpts(text: str, every: int, rng) -> str:
     """`text` with an earlier excerpt inserted after every ~`every` characters (see `with_repeats`)."""
     out, length, since = [], 0, 0

@@ -601,3 +601,24 @@ def test_repeats_insert_verbatim_earlier_excerpts():
     assert repeated["text"][1] == "short" and repeated["text"][0] != text
     assert repeated["text"] == data.with_repeats(ds, 1000, seed=3)["text"]
     assert repeated["text"][0] != data.with_repeats(ds, 1000, seed=4)["text"][0]
+
+
+def test_with_chats_mixes_rendered_chats_at_the_asked_share_of_characters():
+    from conftest import _release_tokenizer
+
+    tok = _release_tokenizer()
+    text = datasets.Dataset.from_dict({"text": [f"doc {i} " + "word " * 20 for i in range(4000)]})
+    chats = datasets.Dataset.from_dict({"messages": [[{"role": "user", "content": f"q{i} " * 50},
+                                                      {"role": "assistant", "content": "a " * 200}] for i in range(800)]})
+    assert data.with_chats(text, chats, tok, 0.0) is text
+    mixed = data.with_chats(text, chats, tok, 0.3, seed=1)
+    docs = mixed["text"]
+    rendered = [d for d in docs if d.startswith("<|user|>")]
+    every_chat = {tok.apply_chat_template(m, tokenize=False) for m in chats["messages"]}
+    assert rendered and set(rendered) <= every_chat
+    share = sum(map(len, rendered)) / sum(map(len, docs))
+    assert 0.25 < share < 0.35, share
+    assert mixed["text"] == data.with_chats(text, chats, tok, 0.3, seed=1)["text"]  # deterministic per seed
+    tok.chat_template = None
+    with pytest.raises(ValueError, match="chat template"):
+        data.with_chats(text, chats, tok, 0.3)

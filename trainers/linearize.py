@@ -117,12 +117,14 @@ def calibration_ids(text, tokenizer, tokens, length=512):
 def linearize_run(args: LinearizeConfig):
     from .. import linearize, load_teacher
     from ..convert import fresh_parameters
-    from ..data import load_text_dataset, pack_dataset, with_repeats
+    from ..data import load_chat_dataset, load_text_dataset, pack_dataset, with_chats, with_repeats
     from ..modeling import LinzooForCausalLM
 
     teacher, tokenizer = load_teacher(args.teacher)
     check_compatible(teacher, tokenizer, args.max_seq_length)
     text = with_repeats(load_text_dataset(args.dataset, split="train"), args.repeat_every, args.seed)
+    if args.chat_fraction > 0:
+        text = with_chats(text, load_chat_dataset(args.chat_dataset, split="train"), tokenizer, args.chat_fraction, args.seed)
     dataset = pack_dataset(text, tokenizer, args.max_seq_length, max_tokens=args.total_tokens)
     out = Path(args.output_dir)
     summaries, student = [], None
@@ -156,7 +158,8 @@ def linearize_run(args: LinearizeConfig):
         "max_seq_length": args.max_seq_length, "total_tokens": args.total_tokens,
         "stage_fractions": args.stage_fractions, "stage_learning_rates": args.stage_learning_rates,
         "stage_trainable": args.stage_trainable, "kd_temperature": args.kd_temperature, "kd_alpha": args.kd_alpha, "calibration_tokens": args.calibration_tokens,
-        "repeat_every": args.repeat_every,
+        "repeat_every": args.repeat_every, "chat_fraction": args.chat_fraction,
+        "chat_dataset": args.chat_dataset if args.chat_fraction > 0 else None,
         "tokens": {s["stage"]: s["tokens"] for s in summaries}, "stages": summaries,
         "new_parameters": sorted({name.split(".self_attn.")[1] for name in fresh_parameters(student)}),
     }

@@ -35,6 +35,12 @@ class LinearizeConfig(SFTConfig, KDArguments):
         metadata={"help": "Copy/recall-rich text: after every ~N characters of a document insert a verbatim excerpt "
                           "of its earlier text (linzoo.data.with_repeats); 0: the text as it is."},
     )
+    chat_fraction: float = field(
+        default=0.0,
+        metadata={"help": "Share of the text (characters) that is chats (--chat_dataset) rendered with the teacher's chat "
+                          "template (linzoo.data.with_chats); 0: text only."},
+    )
+    chat_dataset: str = field(default="embedded", metadata={"help": "Chats for --chat_fraction: 'embedded', files, or a Hub id."})
     total_tokens: int = field(default=20_000_000, metadata={"help": "Token budget over the three stages."})
     stage_fractions: list[float] = field(
         default_factory=lambda: [0.1, 0.2, 0.7],
@@ -76,6 +82,8 @@ class LinearizeConfig(SFTConfig, KDArguments):
             raise ValueError(f"stage_learning_rates must be three numbers, got {self.stage_learning_rates}.")
         if len(self.stage_trainable) != 3 or set(self.stage_trainable) - {"mixers", "all"}:
             raise ValueError(f"stage_trainable must be three of 'mixers'/'all', got {self.stage_trainable}.")
+        if not 0 <= self.chat_fraction < 1:
+            raise ValueError(f"chat_fraction must lie in [0, 1), got {self.chat_fraction}.")
         if self.calibration_tokens < 0:
             raise ValueError(f"calibration_tokens must be >= 0 (0: no fit), got {self.calibration_tokens}.")
         if self.total_tokens <= 0 or self.max_seq_length <= 0:
