@@ -42,8 +42,14 @@ def stamp(what: str) -> None:
 
 
 def fla_peer(mixer):
-    """fla's own model for the same mixer at the 135M shape (the mixer class's `fla_peer`, fla's defaults
-    otherwise); None where fla has no such model."""
+    """The peer model for the same mixer at the 135M shape: fla's own (the mixer class's `fla_peer`, fla's defaults
+    otherwise), for xlstm the xlstm package's xLSTM Large; None where there is none."""
+    if mixer == "xlstm":  # fla has no mLSTM model: the xlstm package's own (`pip install xlstm`), if installed
+        try:
+            return XlstmPeer()
+        except ImportError as err:
+            print(f"xlstm: no peer ({err}); its row compares with gated_deltanet's instead", flush=True)
+            return None
     spec = MIXER_CLASSES[mixer].fla_peer
     if spec is None:
         return None
@@ -51,6 +57,25 @@ def fla_peer(mixer):
 
     config_name, model_name, extra = spec
     return getattr(fm, model_name)(getattr(fm, config_name)(**SHAPE, num_heads=9, **extra))
+
+
+class XlstmPeer(torch.nn.Module):
+    """xLSTM's own model (`xlstm` package's xLSTM Large on mlstm-kernels' Triton kernels) at the 135M shape behind the
+    timing loop's interface (`model(input_ids=, labels=).loss`); training only (its generate() is not HF's)."""
+
+    def __init__(self):
+        super().__init__()
+        from xlstm.xlstm_large.model import xLSTMLarge, xLSTMLargeConfig
+
+        self.model = xLSTMLarge(xLSTMLargeConfig(
+            embedding_dim=SHAPE["hidden_size"], num_heads=9, num_blocks=SHAPE["num_hidden_layers"],
+            vocab_size=SHAPE["vocab_size"], qk_dim_factor=1.0, v_dim_factor=1.0,
+            ffn_proj_factor=SHAPE["intermediate_size"] / SHAPE["hidden_size"], mode="train"))
+
+    def forward(self, input_ids, labels):
+        logits = self.model(input_ids)
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten())
+        return type("Output", (), {"loss": loss})()
 
 
 def params_m(model):
@@ -225,18 +250,21 @@ def main():
                                           for n in ("stage1-attention-transfer", "stage2-hidden-alignment")]
         peer = None
         if not args.skip_peers:
-            stamp(f"{mixer}: fla's peer, built, then fwd+bwd")
+            stamp(f"{mixer}: the peer (fla's model; xLSTM Large for xlstm), built, then fwd+bwd")
             peer = fla_peer(mixer)
         if peer is not None:
             peer = peer.to(dev, dtype)
             row["peer_params_m"] = params_m(peer)
             row["peer_train_tok_s"], row["peer_train_peak_gib"] = time_train(peer, ids, args.iters)
-            stamp(f"{mixer}: fla's peer, generate()")
-            row["peer_decode_ms_per_token"] = time_generate(peer, prompt, args.new_tokens)
             row["train_ratio"] = row["train_tok_s"] / row["peer_train_tok_s"]
-            row["decode_graph_speedup_vs_peer"] = row["peer_decode_ms_per_token"] / row["decode_graph_ms_per_token"]
+            if hasattr(peer, "generate"):
+                stamp(f"{mixer}: the peer's generate()")
+                row["peer_decode_ms_per_token"] = time_generate(peer, prompt, args.new_tokens)
+                row["decode_graph_speedup_vs_peer"] = row["peer_decode_ms_per_token"] / row["decode_graph_ms_per_token"]
             del peer
         row["train_ratio_vs_teacher"] = row["train_tok_s"] / res["rows"]["teacher"]["train_tok_s"]
+        if "gated_deltanet" in res["rows"] and mixer != "gated_deltanet":
+            row["train_ratio_vs_gated_deltanet"] = row["train_tok_s"] / res["rows"]["gated_deltanet"]["train_tok_s"]
         res["rows"][mixer] = row
         print(mixer, json.dumps(row), flush=True)
         with open(args.out, "w") as f:  # after every mixer, so a timeout keeps what finished

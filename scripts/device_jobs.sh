@@ -12,7 +12,7 @@
 # checkpoint (same stage, step).
 #
 # The GPU image lacks lm-eval (the `eval` phase's scorer) and what it imports: build the bundles with
-#     bash ../shared/device/prepare.sh lm_eval==0.4.13 sacrebleu==2.5.1 portalocker tabulate lxml chardet colorama more-itertools
+#     bash ../shared/device/prepare.sh lm_eval==0.4.13 sacrebleu==2.5.1 portalocker tabulate lxml chardet colorama more-itertools xlstm==2.0.6
 # (the four bundles then fit the 64 MiB per call; .dev/corpus, .dev/lzcache and .dev/eval travel together in a fifth call).
 # Runs offline (HF_HUB_OFFLINE): needs fla, mlstm-kernels and tilelang importable and TEACHER_GGUF set (what
 # `.dev/stage.sh` does: it installs them from wheels carried with the checkout), the embedded text corpus in
