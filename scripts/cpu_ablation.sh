@@ -24,12 +24,13 @@ texts = load_texts("embedded", split="test")
 long = heldout_metrics(model, tok, texts, 2048, teacher.eval(), batch_size=4)
 short = heldout_metrics(model, tok, texts, 8192, teacher, block_size=128, batch_size=8)
 record = json.load(open(f"{out}/linzoo_training.json"))
-sample = [l for l in open(f"{out}.log") if l.startswith("sample:")]
+samples = {l.split(")")[0][len("sample ("):]: l.split(" -> ", 1)[1].strip() for l in open(f"{out}.log")
+           if l.startswith("sample (")}
 print(json.dumps({
     "name": name, "flags": flags, "tokens": record["total_tokens"],
     "train_wall_s": seconds, "perplexity": round(long["perplexity"], 2), "teacher_perplexity": round(long["teacher_perplexity"], 2),
     "ratio": round(long["perplexity"] / long["teacher_perplexity"], 3), "kl": round(long["kl_to_teacher"], 3),
     "perplexity_128": round(short["perplexity"], 2), "teacher_perplexity_128": round(short["teacher_perplexity"], 2),
-    "sample": sample[-1][len("sample: "):].strip() if sample else None}))
+    "samples": samples}))
 PY
 tail -1 "$ROWS"

@@ -179,13 +179,19 @@ def main(argv=None):
         first, final = ("n/a" if v is None else f"{v:.4g}" for v in (s["first_loss"], s["final_loss"]))
         print(f"  {s['stage']:28s} tokens {s['tokens']:>10,}  loss {first} -> {final}"
               f"  tokens/s {speed}")
-    prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True, tokenize=False
-    ) if tokenizer.chat_template else "The capital of France is"
-    inputs = tokenizer(prompt, return_tensors="pt").to(student.device)
-    with torch.no_grad():
-        out = student.eval().generate(**inputs, max_new_tokens=24, do_sample=False)
-    print("sample:", repr(tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)))
+    # Greedy samples: a text continuation (what a base student was distilled on) and, where the tokenizer has one,
+    # the chat template's answer to the same question (the teacher's own format).
+    question = "What is the capital of France?"
+    prompts = {"text": ("The capital of France is", "The capital of France is")}
+    if tokenizer.chat_template:
+        prompts["chat"] = (question, tokenizer.apply_chat_template([{"role": "user", "content": question}],
+                                                                   add_generation_prompt=True, tokenize=False))
+    for kind, (shown, prompt) in prompts.items():
+        inputs = tokenizer(prompt, return_tensors="pt").to(student.device)
+        with torch.no_grad():
+            out = student.eval().generate(**inputs, max_new_tokens=24, do_sample=False)
+        text = tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+        print(f"sample ({kind}): {shown!r} -> {text!r}")
     return 0
 
 
