@@ -65,40 +65,28 @@ class GraphedDecoder:
             t.copy_(s)
         self.cache.seen_tokens = seen
 
-    @torch.no_grad()
-    def generate_until(self, new_tokens, eos=None, check_every=16):
-        """Like `generate`, but stops (checked every `check_every` tokens: one host sync each) once every row has
-        produced one of the `eos` ids (a tensor) -- the tokens after it are whatever the graph computed."""
-        if eos is None:
-            return self.generate(new_tokens)
-        snapshot = self._snapshot()
-        self.tokens.copy_(self._first)
-        out, done = [self._first], torch.isin(self._first[:, 0], eos)
-        for i in range(1, new_tokens):
-            if i % check_every == 0 and bool(done.all()):
-                break
-            self.graph.replay() if self.graph is not None else self._step()
-            out.append(self.tokens.clone())
-            done = done | torch.isin(self.tokens[:, 0], eos)
-        self._restore(snapshot)
-        return torch.cat(out, 1)
-
     def _step(self):
         logits = self.model(self.tokens, cache=self.cache, past_key_values=self.cache, use_cache=True).logits
         self.tokens.copy_(logits[:, -1:].argmax(-1))
 
     @torch.no_grad()
-    def generate(self, new_tokens):
-        """Greedy tokens from the state just after the prompt; every call starts there again."""
+    def generate(self, new_tokens, eos=None, check_every=16):
+        """Greedy tokens from the state just after the prompt; every call starts there again. With `eos` (a tensor of
+        ids) it stops early once every row has produced one of them, checked every `check_every` tokens (one host
+        sync each); the tokens after a row's eos are whatever the step computed."""
         snapshot = self._snapshot()
         self.tokens.copy_(self._first)
         out = [self._first]
-        for _ in range(new_tokens - 1):
+        done = None if eos is None else torch.isin(self._first[:, 0], eos)
+        for i in range(1, new_tokens):
+            if done is not None and i % check_every == 0 and bool(done.all()):
+                break
             self.graph.replay() if self.graph is not None else self._step()
             out.append(self.tokens.clone())
+            if done is not None:
+                done = done | torch.isin(self.tokens[:, 0], eos)
         self._restore(snapshot)
         return torch.cat(out, 1)
-
 
 def _plain_greedy(model, logits_processor, generation_config, streamer, model_kwargs):
     """Why the graph loop cannot stand in for generate()'s own here, or None when it can."""
@@ -136,7 +124,7 @@ def graph_decoding(model, input_ids, logits_processor, stopping_criteria, genera
     eos = generation_config._eos_token_tensor
     eos = None if eos is None else eos.to(input_ids.device).flatten()
     decoder = GraphedDecoder(model, input_ids, graph=input_ids.device.type == "cuda")
-    tokens = decoder.generate_until(new_tokens, eos)
+    tokens = decoder.generate(new_tokens, eos)
     if eos is not None:  # as generate(): after a row's first eos, pad; stop where the last row ended
         ended = torch.isin(tokens, eos)
         after = (ended.cumsum(1) - ended.long()) > 0  # strictly after the first eos
