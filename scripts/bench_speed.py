@@ -161,7 +161,7 @@ def time_batched_decode(model, vocab, batches, new_tokens, device):
     return out
 
 
-def time_stages(teacher_spec, mixer, batch, seq_len, steps, device):
+def time_stages(teacher, tokenizer, mixer, batch, seq_len, steps, device):
     """linzoo linearize's three stages, `steps` steps each through their own trainers (fp32 weights under bf16
     autocast on CUDA, as the CLI trains), on random rows: steady and wall tokens/s and seconds per stage."""
     from datasets import Dataset
@@ -169,7 +169,6 @@ def time_stages(teacher_spec, mixer, batch, seq_len, steps, device):
     from linzoo.trainers.linearize import STAGES, run_stage
     from linzoo.trainers.linearize_config import LinearizeConfig
 
-    teacher, tokenizer = load_teacher(teacher_spec)  # fp32, as `linzoo linearize` loads it
     data = Dataset.from_dict({"input_ids": torch.randint(0, teacher.config.vocab_size, (steps * batch, seq_len)).tolist()})
     out = {}
     with tempfile.TemporaryDirectory() as work:
@@ -184,7 +183,7 @@ def time_stages(teacher_spec, mixer, batch, seq_len, steps, device):
             s = run_stage(index, student, teacher, tokenizer, data, args)
             out[name] = {"steady_tok_s": s["tokens_per_second_steady"], "wall_tok_s": s["tokens_per_second"],
                          "seconds": s["seconds"], "steps": s["steps"]}
-    del student, teacher
+    del student
     return out
 
 
@@ -218,6 +217,7 @@ def main():
     res["rows"]["teacher"] = {"params_m": params_m(teacher), "train_tok_s": tps, "train_peak_gib": mem,
                               "decode_ms_per_token": time_generate(teacher, prompt, args.new_tokens)}
     print("teacher", json.dumps(res["rows"]["teacher"]), flush=True)
+    stage_teacher = None
     for mixer in args.mixers.split(","):
         stamp(f"{mixer}: ours, fwd+bwd (first call compiles and autotunes the kernels)")
         ours = linzoo.linearize(teacher, mixer).to(dev, dtype)
@@ -243,7 +243,9 @@ def main():
         del ours
         if args.stages:
             stamp(f"{mixer}: linearize stages 1-3, {args.stages} steps each through their trainers")
-            row["stages"] = time_stages(args.teacher, mixer, args.batch, args.seq_len, args.stages, dev)
+            if stage_teacher is None:  # fp32, as `linzoo linearize` loads it; loaded once for all mixers
+                stage_teacher = load_teacher(args.teacher)
+            row["stages"] = time_stages(*stage_teacher, mixer, args.batch, args.seq_len, args.stages, dev)
             kd = row["stages"]["stage3-kd"]["steady_tok_s"]
             row["stage3_over_fwd_bwd"] = kd / row["train_tok_s"] if kd else None
             row["stage12_over_stage3"] = [row["stages"][n]["steady_tok_s"] / kd if kd else None
