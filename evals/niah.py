@@ -32,6 +32,9 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from .common import (EVAL_DIR, NOT_MEASURED, EvalSpec, ModelArguments, load_for_eval, load_texts, measured,
+                     model_device, name_of, parse_list, render)
+
 SCHEMA = "linzoo.niah/v1"
 # The classic test's words as landmark-attention and LongLoRA write them ("memorize them" included).
 INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
@@ -106,23 +109,6 @@ class NiahSample:
     prompt_format: str
 
 
-def load_texts(source: str | list[str], split: str = "test") -> list[str]:
-    """Texts from a literal list, a .txt file (paragraphs split on blank lines), or any
-    `linzoo.data.load_text_dataset` spec such as "embedded"."""
-    if not isinstance(source, str):
-        texts = list(source)
-    elif source.endswith(".txt") or os.path.isfile(source):
-        texts = re.split(r"\n\s*\n", Path(source).read_text(encoding="utf-8"))
-    else:
-        from linzoo.data import load_text_dataset
-
-        texts = list(load_text_dataset(source, split=split)["text"])
-    texts = [t.strip() for t in texts if t and t.strip()]
-    if not texts:
-        raise ValueError(f"no text found in {source!r}")
-    return texts
-
-
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
@@ -150,22 +136,6 @@ def prose(texts: list[str]) -> list[str]:
     """The natural variant's filler: texts laid out in short lines dropped (`short_lined`), the rest one paragraph
     each with every sentence that holds a digit dropped (a number in the haystack would compete with the key)."""
     return list(_prose(tuple(texts)))
-
-
-def parse_list(value: str | list, cast=float) -> list:
-    """'512,1024' or [512, 1024] -> [512, 1024] (the CLI passes strings, Python callers lists)."""
-    items = value.split(",") if isinstance(value, str) else value
-    return [cast(v) for v in items if str(v).strip() != ""]
-
-
-def model_device(model) -> torch.device:
-    param = next(model.parameters(), None) if hasattr(model, "parameters") else None
-    return param.device if param is not None else torch.device("cpu")
-
-
-def name_of(model) -> str:
-    config = getattr(model, "config", None)
-    return getattr(config, "name_or_path", None) or type(model).__name__
 
 
 def format_prompt(tokenizer, haystack: str, question: str, prompt_format: str, answer_prefix: str = "") -> str:
@@ -385,27 +355,6 @@ def save_niah(results: dict, out_dir: str | os.PathLike) -> tuple[Path, Path]:
 
 
 @dataclass
-class ModelArguments:
-    model: str = field(default="embedded", metadata={"help": "student: folder, Hub id, .gguf file or 'embedded'"})
-    teacher: str | None = field(default=None, metadata={"help": "teacher spec, evaluated alongside the student"})
-    batch_size: int = field(default=4, metadata={"help": "prompts per forward/generate call"})
-    device: str = field(default="cuda" if torch.cuda.is_available() else "cpu", metadata={"help": "torch device"})
-    dtype: str = field(default="auto", metadata={"help": "auto | float32 | bfloat16 | float16"})
-    trust_remote_code: bool = field(default=False, metadata={
-        "help": "run a checkpoint's own Python when it needs it (linzoo students and Llama teachers never do)"})
-
-
-def load_for_eval(spec: str, device: str, dtype: str, teacher: bool = False, trust_remote_code: bool = False):
-    """(model, tokenizer) through linzoo's loaders, moved to the device/dtype and in eval mode."""
-    import linzoo
-
-    load = linzoo.load_teacher if teacher else linzoo.load_model
-    model, tokenizer = load(spec, trust_remote_code=True) if trust_remote_code else load(spec)
-    model = model.to(device) if dtype == "auto" else model.to(device=device, dtype=getattr(torch, dtype))
-    return model.eval(), tokenizer
-
-
-@dataclass
 class NiahArguments(ModelArguments):
     out: str = field(default="outputs/niah", metadata={"help": "output folder (teacher results go in <out>/teacher)"})
     lengths: str = field(default="512,1024,2048,4096", metadata={"help": "context lengths in tokens, comma-separated"})
@@ -456,6 +405,58 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{spec}: NIAH {args.variant} {by_length}; overall {r['overall']:.3f}±{r['overall_se']:.3f} "
               f"-> {save_niah(r, out)[0]}")
     return all_results[0]
+
+
+def card_results(n: dict) -> list:
+    """The model-index entries of a niah.json: overall accuracy and the accuracy at each length."""
+    from huggingface_hub import EvalResult
+
+    variant = n.get("variant")  # absent in results made before the variants
+    test = f"{variant} variant" if variant and variant != "passkey" else f"{n['needle']}, {n['prompt_format']} prompt"
+    where = dict(task_type="text-generation", dataset_type=f"linzoo-niah-{variant or n['needle']}",
+                 dataset_name=f"needle in a haystack ({test})")
+    return [EvalResult(**where, metric_type="accuracy", metric_name="overall accuracy", metric_value=n["overall"]),
+            *(EvalResult(**where, metric_type="accuracy", metric_name=f"accuracy at {length} tokens",
+                         metric_config=str(length), metric_value=value)
+              for length, value in n["mean_by_length"].items())]
+
+
+CARD_SECTION = """### Needle in a haystack
+{% if niah %}
+Greedy retrieval of a {{ niah.needle }} needle ({{ niah.prompt_format }} prompt, {{ niah.samples_per_cell }} samples per cell, depths {{ niah.depths | join(", ") }}): overall accuracy **{{ overall }}**.
+
+| context length (tokens) | accuracy |
+|---|---|
+{% for length, acc in rows %}| {{ length }} | {{ acc }} |
+{% endfor %}{% else %}
+{{ not_measured }}
+{% endif %}{% if heatmap %}
+![NIAH accuracy by context length and needle depth]({{ heatmap }})
+{% endif %}
+"""
+HEATMAPS = (f"{EVAL_DIR}/niah_heatmap.png", "niah_heatmap.png")  # where a checkpoint folder may hold the heatmap
+
+
+def card_section(n: dict | None, folder: Path) -> str:
+    return render(CARD_SECTION, niah=n, overall=measured(n and n["overall"], "{:.3f}"),
+                  rows=[[length, f"{acc:.2f}"] for length, acc in n["mean_by_length"].items()] if n else [],
+                  heatmap=next((h for h in HEATMAPS if (folder / h).is_file()), None), not_measured=NOT_MEASURED)
+
+
+def space_row(data: dict) -> list:
+    variant = data.get("variant", data["needle"])  # files written before variants: the needle's name
+    se = data.get("mean_by_length_se")  # standard errors, where the file has them
+    by_length = ", ".join(f"{length}: {acc:.2f}" + (f"±{se[length]:.2f}" if se else "")
+                          for length, acc in data["mean_by_length"].items())
+    overall = f"{data['overall']:.3f}" + (f"±{data['overall_se']:.3f}" if "overall_se" in data else "")
+    return [data["model"], variant, data["prompt_format"], overall, by_length]
+
+
+EVAL = EvalSpec(
+    name="niah", help="needle-in-a-haystack retrieval (JSON + heatmap)", schema=SCHEMA, result_file="niah.json",
+    figures=("niah_heatmap.png",), main=main, card_results=card_results, card_section=card_section,
+    space_headers=("model", "variant", "prompt", "overall", "accuracy by length"), space_row=space_row,
+    space_caption=lambda d: f"{d['model']}: NIAH {d.get('variant', d['needle'])}, overall {d['overall']:.2f}")
 
 
 if __name__ == "__main__":

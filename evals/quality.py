@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-from .niah import ModelArguments, load_for_eval, load_texts, model_device, name_of, parse_list
+from .common import (NOT_MEASURED, EvalSpec, ModelArguments, load_for_eval, load_texts, measured, model_device,
+                     name_of, parse_list, render)
 
 SCHEMA = "linzoo.quality/v1"
 TASKS = ("lambada_openai", "winogrande", "arc_easy", "arc_challenge", "piqa")
@@ -400,6 +401,103 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{args.model}: {summary} recovery above chance={above} recovery={recovery} (a uniform guess: {chance}) "
           f"-> {json_path}")
     return results
+
+
+def card_results(q: dict) -> list:
+    """The model-index entries of a quality.json: per task acc/acc_norm and the recoveries, the suite's averages,
+    held-out perplexity and KL (the student's own numbers; teacher scores stay in the card's body)."""
+    from huggingface_hub import EvalResult
+
+    out = []
+    for task, scores in q["tasks"].items():
+        hub, config, split = HUB[task]
+        where = dict(task_type="text-generation", dataset_type=hub, dataset_name=task, dataset_config=config,
+                     dataset_split=split, dataset_args={"limit": q["limit"]} if q["limit"] else None)
+        out += [EvalResult(**where, metric_type=m, metric_name=m, metric_value=scores[m])
+                for m in ("acc", "acc_norm") if m in scores]
+        if (q["recovery"] or {}).get(task) is not None:
+            out.append(EvalResult(**where, metric_type="teacher_recovery", metric_value=q["recovery"][task],
+                                  metric_name=f"teacher recovery % ({q['recovery_metric'][task]})"))
+        if (q.get("recovery_above_chance") or {}).get(task) is not None:
+            out.append(EvalResult(**where, metric_type="teacher_recovery_above_chance",
+                                  metric_value=q["recovery_above_chance"][task],
+                                  metric_name=f"teacher recovery above chance % ({q['recovery_metric'][task]})"))
+    suite = dict(task_type="text-generation", dataset_type="linzoo-zero-shot", dataset_name="zero-shot average")
+    above = q.get("recovery_above_chance") or {}
+    if above.get("average") is not None:
+        out.append(EvalResult(**suite, metric_type="teacher_recovery_above_chance", metric_value=above["average"],
+                              metric_name=f"teacher recovery above chance % over {len(above['tasks'])} tasks"))
+    if (q["recovery"] or {}).get("average") is not None:
+        out.append(EvalResult(**suite, metric_type="teacher_recovery", metric_value=q["recovery"]["average"],
+                              metric_name=f"teacher recovery % over {len(q['tasks'])} tasks"))
+    heldout = dict(task_type="text-generation", dataset_type="linzoo-heldout",
+                   dataset_name=f"held-out text ({q['heldout_tokens']} tokens)")
+    for metric in ("perplexity", "kl_to_teacher"):
+        if q.get(metric) is not None:
+            out.append(EvalResult(**heldout, metric_type=metric, metric_name=metric, metric_value=q[metric]))
+    return out
+
+
+CARD_SECTION = """Zero-shot, scored by lm-eval-harness{% if quality and quality.limit %} (first {{ quality.limit }} examples per task){% endif %}.
+**This model keeps {{ above_chance }} of its teacher's skill above chance**: (s − c) / (t − c) × 100 for its score s,
+the teacher's t and chance c, averaged over the tasks where the teacher is at least 3 standard errors above chance{% if quality and quality.teacher %} (teacher: {{ quality.teacher }}){% endif %}.
+Recovery = s / t × 100, the ratio often quoted, counts chance as skill.
+
+| task | metric | this model | teacher | chance | above chance | recovery |
+|---|---|---|---|---|---|---|
+{% for row in rows %}| {{ row | join(" | ") }} |
+{% endfor %}| **average** | | | | | **{{ above_chance }}** | {{ average_recovery }} |
+
+Chance is what a uniform random guess scores (0 on LAMBADA, whose answer is generated){% if quality and quality.chance_recovery %}; such a guess would
+recover {{ chance_recovery }} of the teacher, so recovery means something only well above that{% endif %}.
+
+- Held-out perplexity: {{ perplexity }}
+- KL(teacher ‖ student) per token: {{ kl }}
+
+"""
+
+
+def _card_rows(q: dict | None) -> list[list[str]]:
+    """task, metric, this model, teacher, chance (a uniform guess's score), recovery above chance, recovery."""
+    if q is None:
+        return [[task, "acc_norm" if task in NORMED else "acc", *[NOT_MEASURED] * 5] for task in TASKS]
+    rows = []
+    for task, scores in q["tasks"].items():
+        metric = q["recovery_metric"][task]
+        teacher = (q["teacher_tasks"] or {}).get(task, {}).get(metric)
+        recovery = measured((q["recovery"] or {}).get(task), "{:.1f}%")
+        above = q.get("recovery_above_chance")
+        above = (measured(above.get(task), "{:.1f}%") if task in above["tasks"] else "(teacher near chance)"
+                 ) if above else NOT_MEASURED
+        rows.append([task, metric, measured(scores[metric]), measured(teacher), measured(scores.get("chance")),
+                     above, recovery])
+    return rows
+
+
+def card_section(q: dict | None, folder: Path) -> str:
+    return render(CARD_SECTION, quality=q, rows=_card_rows(q),
+                  average_recovery=measured((q["recovery"] or {}).get("average") if q else None, "{:.1f}%"),
+                  above_chance=measured(((q or {}).get("recovery_above_chance") or {}).get("average"), "{:.1f}%"),
+                  chance_recovery=measured(((q or {}).get("chance_recovery") or {}).get("average"), "{:.1f}%"),
+                  perplexity=measured(q and q.get("perplexity"), "{:.2f}"),
+                  kl=measured(q and q.get("kl_to_teacher"), "{:.4f}"))
+
+
+def space_row(data: dict) -> list:
+    rec = data.get("recovery") or {}
+    return [data["model"], data.get("teacher") or NOT_MEASURED, *(measured(rec.get(task), "{:.1f}%") for task in TASKS),
+            measured((data.get("recovery_above_chance") or {}).get("average"), "{:.1f}%"),
+            measured(rec.get("average"), "{:.1f}%"),
+            measured((data.get("chance_recovery") or {}).get("average"), "{:.1f}%"),
+            measured(data.get("perplexity"), "{:.2f}")]
+
+
+EVAL = EvalSpec(
+    name="quality", help="zero-shot tasks, perplexity, KL and teacher recovery (JSON + bars)", schema=SCHEMA,
+    result_file="quality.json", figures=("quality.png",), main=main, card_results=card_results,
+    card_section=card_section, space_row=space_row,
+    space_headers=("model", "teacher", *TASKS, "above chance (average)", "average", "a uniform guess's average",
+                   "perplexity"))
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@
     linzoo card runs/my-student                                  # writes runs/my-student/README.md
     linzoo card runs/my-student-sft --repo-id my-org/my-student-instruct --base-model my-org/my-student-base
 
-The front matter is `ModelCardData` (its model-index from <folder>/eval/quality.json and
-<folder>/eval/niah.json); the body is `template.md`. Lineage, recipe and token counts come from
+The front matter is `ModelCardData` (its model-index from the results files of every registered eval in
+<folder>/eval/, `linzoo.evals.registry`); the body is `template.md` with each eval's section in its "Results". Lineage, recipe and token counts come from
 config.json, linzoo_training.json and trainer_state.json when present. Anything not measured reads
 "not measured".
 """
@@ -19,15 +19,14 @@ from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from linzoo.evals import niah, quality
+from linzoo.evals.common import EVAL_DIR, NOT_MEASURED, measured
+from linzoo.evals.registry import all_evals
 from linzoo.modeling.mixers import MIXER_CLASSES
 
-from .space import NOT_MEASURED, format_bytes, measured, state_sizes
+from .space import format_bytes, state_sizes
 
 TEMPLATE = Path(__file__).with_name("template.md")
 STAGES = ("base", "instruct", "instruct-distilled")
-QUALITY_FILE, NIAH_FILE = "eval/quality.json", "eval/niah.json"
-HEATMAPS = ("eval/niah_heatmap.png", "niah_heatmap.png")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 STATE_AT_TOKENS = 4096  # context at which the card compares the fixed state with the teacher's KV cache
 
@@ -44,53 +43,14 @@ def read_json(path: Path, schema: str | None = None) -> dict | None:
 
 
 def read_results(folder) -> dict:
-    """{"quality": linzoo.quality/v1 dict or None, "niah": linzoo.niah/v1 dict or None}."""
+    """{eval name: its results dict from <folder>/eval/, or None where it was not run}, for every registered eval."""
     folder = Path(folder)
-    return {"quality": read_json(folder / QUALITY_FILE, quality.SCHEMA),
-            "niah": read_json(folder / NIAH_FILE, niah.SCHEMA)}
+    return {spec.name: read_json(folder / EVAL_DIR / spec.result_file, spec.schema) for spec in all_evals()}
 
 
 def eval_results(results: dict) -> list[EvalResult]:
     """The model-index entries of the measured results (the student's own numbers; teacher scores stay in the body)."""
-    out = []
-    if q := results["quality"]:
-        for task, scores in q["tasks"].items():
-            hub, config, split = quality.HUB[task]
-            where = dict(task_type="text-generation", dataset_type=hub, dataset_name=task, dataset_config=config,
-                         dataset_split=split, dataset_args={"limit": q["limit"]} if q["limit"] else None)
-            out += [EvalResult(**where, metric_type=m, metric_name=m, metric_value=scores[m])
-                    for m in ("acc", "acc_norm") if m in scores]
-            if (q["recovery"] or {}).get(task) is not None:
-                out.append(EvalResult(**where, metric_type="teacher_recovery", metric_value=q["recovery"][task],
-                                      metric_name=f"teacher recovery % ({q['recovery_metric'][task]})"))
-            if (q.get("recovery_above_chance") or {}).get(task) is not None:
-                out.append(EvalResult(**where, metric_type="teacher_recovery_above_chance",
-                                      metric_value=q["recovery_above_chance"][task],
-                                      metric_name=f"teacher recovery above chance % ({q['recovery_metric'][task]})"))
-        suite = dict(task_type="text-generation", dataset_type="linzoo-zero-shot", dataset_name="zero-shot average")
-        above = q.get("recovery_above_chance") or {}
-        if above.get("average") is not None:
-            out.append(EvalResult(**suite, metric_type="teacher_recovery_above_chance", metric_value=above["average"],
-                                  metric_name=f"teacher recovery above chance % over {len(above['tasks'])} tasks"))
-        if (q["recovery"] or {}).get("average") is not None:
-            out.append(EvalResult(**suite, metric_type="teacher_recovery", metric_value=q["recovery"]["average"],
-                                  metric_name=f"teacher recovery % over {len(q['tasks'])} tasks"))
-        heldout = dict(task_type="text-generation", dataset_type="linzoo-heldout",
-                       dataset_name=f"held-out text ({q['heldout_tokens']} tokens)")
-        for metric in ("perplexity", "kl_to_teacher"):
-            if q.get(metric) is not None:
-                out.append(EvalResult(**heldout, metric_type=metric, metric_name=metric, metric_value=q[metric]))
-    if n := results["niah"]:
-        variant = n.get("variant")  # absent in results made before the variants
-        test = f"{variant} variant" if variant and variant != "passkey" else f"{n['needle']}, {n['prompt_format']} prompt"
-        where = dict(task_type="text-generation", dataset_type=f"linzoo-niah-{variant or n['needle']}",
-                     dataset_name=f"needle in a haystack ({test})")
-        out.append(EvalResult(**where, metric_type="accuracy", metric_name="overall accuracy",
-                              metric_value=n["overall"]))
-        out += [EvalResult(**where, metric_type="accuracy", metric_name=f"accuracy at {length} tokens",
-                           metric_config=str(length), metric_value=value)
-                for length, value in n["mean_by_length"].items()]
-    return out
+    return [entry for spec in all_evals() if results.get(spec.name) for entry in spec.card_results(results[spec.name])]
 
 
 def eval_key(result: EvalResult) -> tuple:
@@ -118,23 +78,6 @@ def is_hub_id(name: str | None) -> bool:
 def default_base_model(info: dict) -> str | None:
     """The teacher for a base student, the parent checkpoint for the instruct stages."""
     return info["teacher"] if info["stage"] == "base" else info["parent"] or info["teacher"]
-
-
-def _quality_rows(q: dict | None) -> list[list[str]]:
-    """task, metric, this model, teacher, chance (a uniform guess's score), recovery above chance, recovery."""
-    if q is None:
-        return [[task, "acc_norm" if task in quality.NORMED else "acc", *[NOT_MEASURED] * 5] for task in quality.TASKS]
-    rows = []
-    for task, scores in q["tasks"].items():
-        metric = q["recovery_metric"][task]
-        teacher = (q["teacher_tasks"] or {}).get(task, {}).get(metric)
-        recovery = measured((q["recovery"] or {}).get(task), "{:.1f}%")
-        above = q.get("recovery_above_chance")
-        above = (measured(above.get(task), "{:.1f}%") if task in above["tasks"] else "(teacher near chance)"
-                 ) if above else NOT_MEASURED
-        rows.append([task, metric, measured(scores[metric]), measured(teacher), measured(scores.get("chance")),
-                     above, recovery])
-    return rows
 
 
 def _training_rows(info: dict) -> dict:
@@ -194,10 +137,7 @@ def build_card(folder, repo_id: str | None = None, base_model: str | None = None
         tags=["linzoo", "linear-attention", mixer, stage, "distillation"],
         eval_results=eval_results(results) or None,
     )
-    n = results["niah"]
-    q = results["quality"]
     size = state_sizes(config, STATE_AT_TOKENS)
-    heatmap = next((h for h in HEATMAPS if (folder / h).is_file()), None)
     return ModelCard.from_template(
         data,
         template_path=str(TEMPLATE),
@@ -214,22 +154,13 @@ def build_card(folder, repo_id: str | None = None, base_model: str | None = None
         base=base_model,
         dataset=dataset,
         arch=config,
+        attn_choice=info["training"].get("attn_layers_choice"),
         params=_params(folder),
         state=format_bytes(size.recurrent + size.conv),
         teacher_kv=format_bytes(size.teacher_kv),
         state_tokens=STATE_AT_TOKENS,
         **_training_rows(info),
-        quality=q,
-        quality_rows=_quality_rows(q),
-        average_recovery=measured((q["recovery"] or {}).get("average") if q else None, "{:.1f}%"),
-        above_chance=measured(((q or {}).get("recovery_above_chance") or {}).get("average"), "{:.1f}%"),
-        chance_recovery=measured(((q or {}).get("chance_recovery") or {}).get("average"), "{:.1f}%"),
-        perplexity=measured(q and q.get("perplexity"), "{:.2f}"),
-        kl=measured(q and q.get("kl_to_teacher"), "{:.4f}"),
-        niah=n,
-        niah_rows=[[length, f"{acc:.2f}"] for length, acc in n["mean_by_length"].items()] if n else [],
-        niah_overall=measured(n and n["overall"], "{:.3f}"),
-        heatmap=heatmap,
+        eval_sections=[spec.card_section(results[spec.name], folder) for spec in all_evals()],
         not_measured=NOT_MEASURED,
         not_recorded="not recorded",
     )

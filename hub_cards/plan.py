@@ -21,12 +21,13 @@ from pathlib import Path
 
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, ModelCard, SpaceCard
 
-from .card import (NIAH_FILE, QUALITY_FILE, build_card, checkpoint_info, default_base_model, eval_key, eval_results,
-                   read_results)
+from linzoo.evals.common import EVAL_DIR, NOT_MEASURED
+from linzoo.evals.registry import all_evals
+
+from .card import build_card, checkpoint_info, default_base_model, eval_key, eval_results, read_results
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib")
-UPLOAD_SUBFOLDERS = ("eval",)  # travel with the weights; stage checkpoints and the like stay home
-EVAL_FILES = ("niah.json", "niah_heatmap.png", "quality.json", "quality.png")
+UPLOAD_SUBFOLDERS = (EVAL_DIR,)  # travel with the weights; stage checkpoints and the like stay home
 LOGIN_HOW = "log in once with `hf auth login` (or set the HF_TOKEN environment variable to a token with write access)"
 LOGIN_HELP = f"No Hugging Face token found: {LOGIN_HOW}, then run the command again."
 SPACE_WHEEL_LINE = re.compile(r"\./linzoo-\S+\.whl")  # the requirements.txt line plan_space points at the wheel
@@ -168,7 +169,8 @@ def check_card(folder: Path, card: ModelCard) -> Check:
     if got != expected:
         diff = sorted(set(got.items()) ^ set(expected.items()), key=str)[:3]
         return Check(name, False, f"card and files differ: {diff}")
-    missing = [f for f, key in ((QUALITY_FILE, "quality"), (NIAH_FILE, "niah")) if results[key] is None]
+    missing = [f"{EVAL_DIR}/{spec.result_file}" for spec in all_evals()  # the evals whose card section says so
+               if results[spec.name] is None and NOT_MEASURED in spec.card_section(None, folder)]
     return Check(name, True, f"{len(expected)} numbers" + (f"; {', '.join(missing)} missing: the card says "
                                                             "'not measured'" if missing else ""))
 
@@ -257,7 +259,8 @@ def plan_space(space_dir, repo_id: str, models: list[str], results: dict[str, Pa
               and p.name not in ("README.md", "requirements.txt") and p.suffix != ".whl"]
     files.append((wheel.name, wheel))
     for name, eval_dir in results.items():
-        files += [(f"results/{name}/{f}", eval_dir / f) for f in EVAL_FILES if (eval_dir / f).is_file()]
+        files += [(f"results/{name}/{f}", eval_dir / f) for spec in all_evals() for f in spec.files
+                  if (eval_dir / f).is_file()]
     pin = next((line.split("==")[1].strip() for line in requirements if line.startswith("gradio==")), None)
     python, requires = str(card.data.python_version or ""), _requires_python(wheel)
     checks = [Check("app.py present", (space_dir / "app.py").is_file()),

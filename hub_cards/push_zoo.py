@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from linzoo import MIXERS
+from linzoo.evals.common import EVAL_DIR
 
 from .card import STAGES, checkpoint_info, is_hub_id
 from .plan import (ReleaseError, add_existing_repo_flags, build_wheel, hub_error, hub_token, plan_checkpoint,
@@ -101,7 +102,7 @@ def push_zoo(args, workdir: Path) -> int:
     wheel = args.wheel or build_wheel(workdir)
     teachers = sorted({t for f in found.values() if is_hub_id(t := checkpoint_info(f)["teacher"])})
     space = plan_space(args.space_dir, f"{args.org}/{SPACE_NAME}", [p.repo_id for p in plans] + teachers,
-                       {f"{m}/{s}": folder / "eval" for (m, s), folder in found.items()}, wheel, args.private)
+                       {f"{m}/{s}": folder / EVAL_DIR for (m, s), folder in found.items()}, wheel, args.private)
     plans.append(space)
     for plan in plans:
         print("\n" + plan.describe(args.overwrite, args.create_pr))

@@ -11,13 +11,14 @@ import importlib
 import os
 import sys
 
-# subcommand -> (module, help). Each module exposes `main(argv: list[str] | None)`.
+from linzoo.evals.registry import EVAL_MODULES
+
+# subcommand -> (module, help; None: the eval's own `EvalSpec.help`). Each module exposes `main(argv: list[str] | None)`.
 COMMANDS = {
     "linearize": ("linzoo.trainers.linearize", "3-stage linearization: attention transfer, hidden-state alignment, KD"),
     "sft": ("linzoo.trainers.sft", "instruction tuning on chat data (TRL SFTTrainer)"),
     "distill-instruct": ("linzoo.trainers.distill_instruct", "instruction-aware distillation from an instruct teacher"),
-    "eval niah": ("linzoo.evals.niah", "needle-in-a-haystack retrieval (JSON + heatmap)"),
-    "eval quality": ("linzoo.evals.quality", "zero-shot tasks, perplexity, KL and teacher recovery (JSON + bars)"),
+    **{f"eval {name}": (module, None) for name, module in EVAL_MODULES.items()},
     "card": ("linzoo.hub_cards.card", "write a model card from measured results"),
     "push": ("linzoo.hub_cards.push", "upload one checkpoint to the Hub"),
     "push-zoo": ("linzoo.hub_cards.push_zoo", "upload the zoo (every mixer x base/instruct/instruct-distilled), its Space and collection (dry run by default)"),
@@ -29,7 +30,9 @@ DEBUG_HINT = f"re-run with {DEBUG_FLAG} or LINZOO_DEBUG=1 for the traceback"
 
 def usage():
     lines = ["usage: linzoo <command> [options]   (linzoo <command> --help for its options)", "", "commands:"]
-    lines += [f"  {name:18s} {help_}" for name, (_, help_) in COMMANDS.items()]
+    from linzoo.evals.registry import get_eval
+
+    lines += [f"  {name:18s} {help_ or get_eval(name.split()[1]).help}" for name, (_, help_) in COMMANDS.items()]
     lines += ["", f"{DEBUG_FLAG} anywhere on the command line (or LINZOO_DEBUG=1) shows the traceback of an error"]
     return "\n".join(lines)
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
 
-from .kernels import fused_rms_norm, fused_short_conv, linear_core, use_fused_ops
+from .kernels import fused_rms_norm, fused_short_conv, linear_core, torch_core, use_fused_ops
 
 # Below this many new tokens and without autograd, decode with the fused-recurrent kernels (as fla's layers do).
 RECURRENT_MAX_LEN = 64
@@ -218,11 +218,9 @@ class LinearMixer(nn.Module):
             beta = beta.to(q.dtype)
         return self.fast_call(self.fast_kernels.load(), recurrent, q, k, v, g, beta, **common)
 
-    def forward(self, hidden_states, attention_mask=None, cache=None, seq_idx=None, cu_seqlens=None):
-        x = hidden_states
-        if attention_mask is not None:
-            # Padding writes nothing: with zero inputs k = v = 0 and the (still zero) state stays zero.
-            x = x * attention_mask[:, -x.shape[1] :, None].to(x.dtype)
+    def project(self, x, cache=None, seq_idx=None, cu_seqlens=None):
+        """q [B,T,H,D], k and v [B,T,H,D] (key/value heads repeated) for hidden states x, through the short
+        convolution where there is one; `features` not yet applied."""
         B, T, _ = x.shape
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -234,7 +232,31 @@ class LinearMixer(nn.Module):
         q = q.view(B, T, H, D)
         k = k.view(B, T, Hkv, D).repeat_interleave(H // Hkv, dim=2)
         v = v.view(B, T, Hkv, D).repeat_interleave(H // Hkv, dim=2)
-        q, k, v = self.features(q, k, v)
+        return q, k, v
+
+    @torch.no_grad()
+    def token_weights(self, hidden_states, **_):
+        """[B, H, T, T]: the weight of token j's value in head output t, before the output norm — this mixer's
+        counterpart of softmax attention weights. Every mixer's output is linear in the values, so running the
+        recurrence (pure torch) with token j's value set to the j-th unit vector reads the weights off exactly."""
+        x = hidden_states
+        B, T, _ = x.shape
+        q, k, _ = self.project(x)
+        units = torch.eye(T, device=x.device, dtype=torch.float32).expand(B, self.num_heads, T, T).transpose(1, 2)
+        q, k, units = self.features(q.float(), k.float(), units)
+        g, beta = self.gates(x)
+        o, _ = torch_core(self.config, q, k, units, g, beta, delta=self.delta, scale=self.scale, initial_state=None,
+                          output_final_state=False, qk_l2norm=self.qk_l2norm)
+        return self.readout(o).transpose(1, 2)
+
+    def forward(self, hidden_states, attention_mask=None, cache=None, seq_idx=None, cu_seqlens=None):
+        x = hidden_states
+        if attention_mask is not None:
+            # Padding writes nothing: with zero inputs k = v = 0 and the (still zero) state stays zero.
+            x = x * attention_mask[:, -x.shape[1] :, None].to(x.dtype)
+        B, T, _ = x.shape
+        H, D = self.num_heads, self.head_dim
+        q, k, v = self.features(*self.project(x, cache, seq_idx, cu_seqlens))
         g, beta = self.gates(x)
 
         state = None

@@ -91,9 +91,8 @@ class LinzooAttention(nn.Module):
         exponent = torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim
         init.copy_(self.inv_freq, 1.0 / self.rope_theta**exponent)
 
-    def forward(self, hidden_states, attention_mask=None, cache=None, position_ids=None, attn_bias=None, **_):
-        """`attn_bias`: a boolean [B, 1, T, past + T] mask, or None for plain causal attention (no padding or
-        packing: SDPA's causal kernels, no materialised mask)."""
+    def project(self, hidden_states, position_ids):
+        """q [B,H,T,D], k and v [B,Hkv,T,D], RoPE applied to q and k."""
         B, T, _ = hidden_states.shape
         shape = (B, T, -1, self.head_dim)
         q = self.q_proj(hidden_states).view(shape).transpose(1, 2)
@@ -102,7 +101,25 @@ class LinzooAttention(nn.Module):
         freqs = position_ids[:, None, :, None].float() * self.inv_freq.to(q.device)
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos().to(q.dtype), emb.sin().to(q.dtype)
-        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+
+    @torch.no_grad()
+    def token_weights(self, hidden_states, position_ids=None, **_):
+        """[B, H, T, T]: the causal softmax attention weights of every head (no cache, no padding)."""
+        T = hidden_states.shape[1]
+        if position_ids is None:
+            position_ids = torch.arange(T, device=hidden_states.device)[None]
+        q, k, _ = self.project(hidden_states, position_ids)
+        k = k.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1)
+        scores = (q.float() @ k.float().transpose(-1, -2)) * self.head_dim**-0.5
+        causal = torch.ones(T, T, dtype=torch.bool, device=scores.device).tril()
+        return scores.masked_fill(~causal, float("-inf")).softmax(-1)
+
+    def forward(self, hidden_states, attention_mask=None, cache=None, position_ids=None, attn_bias=None, **_):
+        """`attn_bias`: a boolean [B, 1, T, past + T] mask, or None for plain causal attention (no padding or
+        packing: SDPA's causal kernels, no materialised mask)."""
+        B, T, _ = hidden_states.shape
+        q, k, v = self.project(hidden_states, position_ids)
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)
         causal = attn_bias is None and T > 1 and k.shape[2] == T  # a decoding step sees all of its past

@@ -114,6 +114,37 @@ def calibration_ids(text, tokenizer, tokens, length=512):
     return torch.tensor(rows["input_ids"])
 
 
+AUTO_ATTN_SAMPLES = 8  # passkey prompts the teacher's heads are scored on for --attn_layers auto:K
+TEACHER_HEADS = "eval/teacher/heads.json"  # where the run keeps that scoring, beside the student's own evals
+
+
+def choose_attn_layers(teacher, tokenizer, k: int, out: Path) -> list[int]:
+    """--attn_layers auto:K: score the teacher's heads on passkey prompts of up to 512 tokens (`linzoo eval heads`,
+    no ablation), keep it in <out>/eval/teacher/, and return the K layers whose best head retrieves most."""
+    from ..evals.heads import choose_layers, describe_top, save_heads, score_heads
+
+    if k >= teacher.config.num_hidden_layers:
+        raise ValueError(f"--attn_layers auto:{k} keeps every one of the teacher's {teacher.config.num_hidden_layers} "
+                         "layers as softmax attention: pick fewer")
+    length = min(512, teacher.config.max_position_embeddings)
+    results = score_heads(teacher, tokenizer, [length], AUTO_ATTN_SAMPLES, ablation=False,
+                          model_name=teacher.config._name_or_path)
+    save_heads(results, (out / TEACHER_HEADS).parent)
+    layers = choose_layers(results, k)
+    print(f"linzoo: --attn_layers auto:{k} keeps softmax attention at layers {layers} (the teacher's best retrieval "
+          f"heads: {describe_top(results)})")
+    return layers
+
+
+def attn_layers_choice(out: Path, args, layers) -> dict | None:
+    """The record's account of why the hybrid keeps its softmax `layers`: auto:K's rule and the scores behind it."""
+    if not args.auto_attn_layers or not (out / TEACHER_HEADS).is_file():
+        return None
+    scores = json.loads((out / TEACHER_HEADS).read_text())["layer_scores"]
+    return {"rule": f"auto:{args.auto_attn_layers}", "by": "the teacher's retrieval-head score (linzoo eval heads)",
+            "scores": {str(l): round(scores[l], 3) for l in layers}, "heads_file": TEACHER_HEADS}
+
+
 def linearize_run(args: LinearizeConfig):
     from .. import linearize, load_teacher
     from ..convert import fresh_parameters
@@ -139,6 +170,8 @@ def linearize_run(args: LinearizeConfig):
             set_seed(args.seed)  # the new parameters' initialisation, like the Trainer's own randomness, follows --seed
             calibration = calibration_ids(text, tokenizer, args.calibration_tokens,
                                           min(512, teacher.config.max_position_embeddings))
+            if args.auto_attn_layers:
+                args.attn_layers = choose_attn_layers(teacher, tokenizer, args.auto_attn_layers, out)
             student = linearize(teacher, args.mixer, calibration=calibration, attn_layers=args.attn_layers,
                                 kernel_backend=args.kernel_backend)
             check_same_vocab(student, teacher)
@@ -163,6 +196,7 @@ def linearize_run(args: LinearizeConfig):
         "chat_dataset": args.chat_dataset if args.chat_fraction > 0 else None,
         "tokens": {s["stage"]: s["tokens"] for s in summaries}, "stages": summaries,
         "new_parameters": sorted({name.split(".self_attn.")[1] for name in fresh_parameters(student)}),
+        "attn_layers": list(student.config.attn_layers), "attn_layers_choice": attn_layers_choice(out, args, student.config.attn_layers),
     }
     if int(os.environ.get("RANK", 0)) == 0:  # one writer under torchrun / accelerate launch
         save_with_lineage(student, tokenizer, out, "base", student.config.teacher, record)

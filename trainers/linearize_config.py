@@ -24,8 +24,10 @@ class LinearizeConfig(SFTConfig, KDArguments):
     output_dir: str | None = field(
         default=None, metadata={"help": "Where the student (and each stage's checkpoints) go; default runs/<teacher>/<mixer>/base."}
     )
-    attn_layers: list[int] = field(
-        default_factory=list, metadata={"help": "Layer indices that keep softmax attention (hybrid student)."}
+    attn_layers: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Layer indices that keep softmax attention (hybrid student), or auto:K: the K layers whose "
+                          "teacher heads retrieve best on passkey prompts (linzoo eval heads), chosen before the fit."},
     )
     dataset: str = field(
         default="embedded", metadata={"help": "Text for distillation: 'embedded', local files, or a Hub dataset id."}
@@ -89,6 +91,7 @@ class LinearizeConfig(SFTConfig, KDArguments):
         if self.total_tokens <= 0 or self.max_seq_length <= 0:
             raise ValueError("total_tokens and max_seq_length must be positive.")
         self.check_kd()
+        self.attn_layers, self.auto_attn_layers = parse_attn_layers(self.attn_layers)
         if self.output_dir is None:
             teacher = Path(self.teacher).name.removesuffix(".gguf")
             self.output_dir = str(Path("runs") / teacher / self.mixer / "base")
@@ -99,3 +102,16 @@ class LinearizeConfig(SFTConfig, KDArguments):
     def stage_tokens(self):
         total = sum(self.stage_fractions)
         return [int(self.total_tokens * f / total) for f in self.stage_fractions]
+
+
+def parse_attn_layers(values) -> tuple[list[int], int | None]:
+    """--attn_layers: (layer indices, None), or ([], K) for `auto:K`."""
+    values = [str(v) for v in values]
+    if len(values) == 1 and values[0].startswith("auto:"):
+        k = values[0].removeprefix("auto:")
+        if not k.isdigit() or int(k) < 1:
+            raise ValueError(f"--attn_layers {values[0]}: give auto:K with K >= 1 softmax layers, e.g. auto:3")
+        return [], int(k)
+    if not all(v.lstrip("-").isdigit() for v in values):
+        raise ValueError(f"--attn_layers {' '.join(values)}: give layer indices (e.g. 3 4 23) or auto:K (e.g. auto:3)")
+    return [int(v) for v in values], None

@@ -1,0 +1,140 @@
+"""What every eval shares: the `EvalSpec` an eval module declares (its schema, results file, figures, command line,
+model-card and Space contributions), loading a model for evaluation, text sources and small parsing helpers.
+
+An eval is one module of this folder with a module-level `EVAL = EvalSpec(...)`; `registry.py` lists it by name.
+Cards (`hub_cards/card.py`), release plans (`hub_cards/plan.py`), the CLI (`linzoo eval <name>`) and the Space's
+results view iterate over the registry and never name an eval themselves (`tests/test_registry.py` checks it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+EVAL_DIR = "eval"  # a checkpoint's results live in <checkpoint>/eval/<results file>
+NOT_MEASURED = "not measured"
+
+
+def measured(value, pattern: str = "{:.3f}") -> str:
+    """A result as text; "not measured" where there is none (never a filled-in number)."""
+    return NOT_MEASURED if value is None else pattern.format(value)
+
+
+def _nothing(*args) -> list:
+    return []
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    """What an eval declares. Everything that lists, reads, shows or uploads eval results is derived from these.
+
+    name: `linzoo eval <name>` and the key of its results in `read_results`;
+    help: the command's one-line description;
+    schema: the `"schema"` its results file carries (files of another schema are not this eval's);
+    result_file: its JSON, `<checkpoint>/eval/<result_file>`; figures: the PNGs written beside it;
+    main: the command, `main(argv) -> results`;
+    card_results: model-index entries (huggingface_hub `EvalResult`s) of one results dict;
+    card_section: the markdown of its part of the card's "Results" (results dict or None when not measured,
+        the checkpoint folder) — "" to add nothing;
+    space_headers / space_row: its table in the Space's "Measured results" tab (one row per results file);
+    space_caption: the caption of its first figure in the Space's gallery.
+    """
+
+    name: str
+    help: str
+    schema: str
+    result_file: str
+    figures: tuple[str, ...]
+    main: Callable[[list[str] | None], object]
+    card_results: Callable[[dict], list] = _nothing
+    card_section: Callable[[dict | None, Path], str] = lambda data, folder: ""
+    space_headers: tuple[str, ...] = ()
+    space_row: Callable[[dict], list] | None = None
+    space_caption: Callable[[dict], str] | None = None
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        """The files one run of it writes into its output folder."""
+        return (self.result_file, *self.figures)
+
+    def read(self, path: str | os.PathLike) -> dict | None:
+        """The results file's dict if `path` is one of this eval's (its schema), else None; unreadable -> None."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) and data.get("schema") == self.schema else None
+
+
+def render(template: str, **values) -> str:
+    """A card section from a jinja template, rendered as huggingface_hub renders the card around it (jinja2's
+    defaults), keeping the section's last newline."""
+    import jinja2
+
+    return jinja2.Environment(keep_trailing_newline=True).from_string(template).render(**values)
+
+
+def write_json(results: dict, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    return path
+
+
+def load_texts(source: str | list[str], split: str = "test") -> list[str]:
+    """Texts from a literal list, a .txt file (paragraphs split on blank lines), or any
+    `linzoo.data.load_text_dataset` spec such as "embedded"."""
+    if not isinstance(source, str):
+        texts = list(source)
+    elif source.endswith(".txt") or os.path.isfile(source):
+        texts = re.split(r"\n\s*\n", Path(source).read_text(encoding="utf-8"))
+    else:
+        from linzoo.data import load_text_dataset
+
+        texts = list(load_text_dataset(source, split=split)["text"])
+    texts = [t.strip() for t in texts if t and t.strip()]
+    if not texts:
+        raise ValueError(f"no text found in {source!r}")
+    return texts
+
+
+def parse_list(value: str | list, cast=float) -> list:
+    """'512,1024' or [512, 1024] -> [512, 1024] (the CLI passes strings, Python callers lists)."""
+    items = value.split(",") if isinstance(value, str) else value
+    return [cast(v) for v in items if str(v).strip() != ""]
+
+
+def model_device(model) -> torch.device:
+    param = next(model.parameters(), None) if hasattr(model, "parameters") else None
+    return param.device if param is not None else torch.device("cpu")
+
+
+def name_of(model) -> str:
+    config = getattr(model, "config", None)
+    return getattr(config, "name_or_path", None) or type(model).__name__
+
+
+@dataclass
+class ModelArguments:
+    model: str = field(default="embedded", metadata={"help": "student: folder, Hub id, .gguf file or 'embedded'"})
+    teacher: str | None = field(default=None, metadata={"help": "teacher spec, evaluated alongside the student"})
+    batch_size: int = field(default=4, metadata={"help": "prompts per forward/generate call"})
+    device: str = field(default="cuda" if torch.cuda.is_available() else "cpu", metadata={"help": "torch device"})
+    dtype: str = field(default="auto", metadata={"help": "auto | float32 | bfloat16 | float16"})
+    trust_remote_code: bool = field(default=False, metadata={
+        "help": "run a checkpoint's own Python when it needs it (linzoo students and Llama teachers never do)"})
+
+
+def load_for_eval(spec: str, device: str, dtype: str, teacher: bool = False, trust_remote_code: bool = False):
+    """(model, tokenizer) through linzoo's loaders, moved to the device/dtype and in eval mode."""
+    import linzoo
+
+    load = linzoo.load_teacher if teacher else linzoo.load_model
+    model, tokenizer = load(spec, trust_remote_code=True) if trust_remote_code else load(spec)
+    model = model.to(device) if dtype == "auto" else model.to(device=device, dtype=getattr(torch, dtype))
+    return model.eval(), tokenizer

@@ -1,0 +1,28 @@
+"""The registry of evals: name -> the module that declares it (`EVAL = common.EvalSpec(...)`).
+
+Adding an eval is one module in this folder and one line here (CONTRIBUTING.md). Modules load on first use, as
+transformers' auto mappings do, so that `linzoo <command>` does not import every eval to dispatch one. The order
+is the order of cards' "Results" sections and of the Space's tables.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .common import EvalSpec
+
+EVAL_MODULES = {
+    "quality": "linzoo.evals.quality",
+    "niah": "linzoo.evals.niah",
+    "heads": "linzoo.evals.heads",
+}
+
+
+def get_eval(name: str) -> EvalSpec:
+    if name not in EVAL_MODULES:
+        raise ValueError(f"unknown eval {name!r}: pick one of {', '.join(EVAL_MODULES)}")
+    return importlib.import_module(EVAL_MODULES[name]).EVAL
+
+
+def all_evals() -> list[EvalSpec]:
+    return [get_eval(name) for name in EVAL_MODULES]
