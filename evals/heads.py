@@ -202,7 +202,7 @@ def save_heads(results: dict, out_dir) -> tuple[Path, Path]:
         axes[1].barh(range(len(drops)), drops, color="slategray")
         axes[1].set_xlabel("key log-prob drop with the layer's mixer zeroed")
     lengths = ",".join(map(str, results["lengths"]))
-    fig.suptitle(f"{results['model']}: retrieval heads on passkey prompts ({lengths} tokens, "
+    fig.suptitle(f"{results['model']}: retrieval heads on passkey prompts\n({lengths} tokens, "
                  f"{results['samples_per_length']} per length); key log-prob {results['key_logprob']:.2f} "
                  f"(chance {results['chance_logprob']:.2f})", fontsize=9)
     fig.tight_layout()

@@ -8,8 +8,10 @@ is the order of cards' "Results" sections and of the Space's tables.
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
-from .common import EvalSpec
+if TYPE_CHECKING:  # the registry itself stays import-light: `linzoo` dispatches commands through it
+    from .common import EvalSpec
 
 EVAL_MODULES = {
     "quality": "linzoo.evals.quality",

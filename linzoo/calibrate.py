@@ -1,5 +1,5 @@
 """A student's start fitted to its teacher: each mixer's new parameters set, per layer, to reproduce the teacher
-attention on a few hundred tokens (`linzoo.linearize(..., calibration=ids)` calls `teacher_start`).
+attention on a few hundred tokens (`linzoo.linearize(..., calibration=ids)` calls `fit_to_teacher`).
 
 The measure is stage 1's: each layer's ||mixer(x_l) - attn(x_l)||^2 / ||attn(x_l)||^2 with x_l the teacher's input
 to layer l (`scripts/init_error.py` reports it per layer). Per mixer layer:
@@ -153,7 +153,7 @@ def choose_ridge(z, y, prior, rows):
 
 
 @torch.no_grad()
-def teacher_start(student, teacher, input_ids, verbose=False):
+def fit_to_teacher(student, teacher, input_ids, verbose=False):
     """Fits every mixer layer of `student` (built by `linearize` from `teacher`) to the teacher on `input_ids`
     [rows, length] (see the module docstring). Returns {layer: {"knobs": {name: [per head]}, "error": stage-1 error
     on these tokens}, "seconds": wall time, "cpu_seconds": this process's CPU time}."""
@@ -176,18 +176,18 @@ def teacher_start(student, teacher, input_ids, verbose=False):
         x_knob, a = x[:knob_rows], a[:knob_rows].float().reshape(-1, H, mixer.head_dim)
         knobs = {name: torch.full((H,), DEFAULTS[name]) for name in mixer.start_knobs}
         if knobs:
-            mixer.teacher_start(**knobs)
+            mixer.set_start_knobs(**knobs)
         n = None
         for name in mixer.start_knobs:
             candidates = CANDIDATES[name]
             outs, misfit = [], []
             for value in candidates:
-                mixer.teacher_start(**{**knobs, name: torch.full((H,), value)})
+                mixer.set_start_knobs(**{**knobs, name: torch.full((H,), value)})
                 outs.append(normalised_heads(mixer, x_knob))
                 misfit.append(head_misfit(outs[-1], a, mixer.o_proj.weight))
             best = torch.stack(misfit).argmin(0).cpu()
             knobs[name] = torch.tensor([candidates[k] for k in best])
-            mixer.teacher_start(**knobs)
+            mixer.set_start_knobs(**knobs)
             # Heads do not interact before o_proj: the chosen heads' outputs are already computed.
             n = torch.stack([outs[k][:, h] for h, k in enumerate(best.tolist())], 1)
         if n is None or knob_rows < x.shape[0]:

@@ -87,7 +87,7 @@ def linearize(teacher, mixer: str = DEFAULT_MIXER, calibration=None, **options) 
     if getattr(teacher, "generation_config", None) is not None:
         student.generation_config = teacher.generation_config
     if calibration is not None:
-        from .calibrate import teacher_start
+        from .calibrate import fit_to_teacher
 
-        student.calibration_report = teacher_start(student, teacher, calibration)
+        student.calibration_report = fit_to_teacher(student, teacher, calibration)
     return student

@@ -8,7 +8,7 @@ those facts from there.
 
 New parameters start as each mixer's `reset_new_parameters` documents (gates near 1, identity short convolutions,
 unit output norms): the plain start of a model built from its config. Given calibration tokens, `linzoo.linearize`
-fits them to the teacher instead (each mixer's `teacher_start` below, then `linzoo.calibrate`'s output-norm fit).
+fits them to the teacher instead (each mixer's `set_start_knobs` below, then `linzoo.calibrate`'s output-norm fit).
 """
 
 import math
@@ -142,23 +142,21 @@ class LinearMixer(nn.Module):
     A subclass declares (class attributes, read by the registry and everything derived from it):
         name, title, recurrence, new_parameters: its config value, display name, recurrence and new
             parameters in words (cards, README);
-        start_knobs: the per-head knobs its `teacher_start` sets ("half_life", "strength"), which
+        start_knobs: the per-head knobs its `set_start_knobs` sets ("half_life", "strength"), which
             `linzoo.calibrate` fits to a teacher;
         fast_kernels: a `kernels.FastKernels` with `chunk` and `recurrent` functions (or its own `fast_core`);
         short_conv: whether the short convolution is on by default; delta, qk_l2norm: the delta rule and
             L2-normalised q, k; state_value_columns: extra value columns its state carries;
-        fla_peer: (config class, model class, extra kwargs) of fla's own model, for the speed benchmark.
     and overrides `gates`, `features`, `readout`, `fast_call` as it needs.
     """
 
     name = title = recurrence = new_parameters = None
-    start_knobs = ()  # what `teacher_start` sets: "half_life" and/or "strength"
+    start_knobs = ()  # what `set_start_knobs` sets: "half_life" and/or "strength"
     fast_kernels = None
     short_conv = False
     delta = False
     qk_l2norm = False
     state_value_columns = 0
-    fla_peer = None
 
     def __init__(self, config, layer_idx):
         super().__init__()
@@ -186,7 +184,7 @@ class LinearMixer(nn.Module):
             shapes["conv"] = ((H + 2 * Hkv) * D, config.conv_size)
         return shapes
 
-    def teacher_start(self, half_life=None, strength=None):
+    def set_start_knobs(self, half_life=None, strength=None):
         """Sets the gates for a start fitted to a teacher (`linzoo.calibrate`), with their input-dependent parts
         still at zero: per head [H], a decay that halves the state in `half_life` tokens and a write strength in
         (0, 1). Gets exactly the knobs of `start_knobs`; a mixer without any has nothing to set (its output norm
@@ -293,3 +291,8 @@ class DeltaRuleMixer(LinearMixer):
 
     def beta(self, x):
         return torch.sigmoid(self.b_proj(x).float())
+
+    def fast_call(self, fns, recurrent, q, k, v, g, beta, **common):
+        """fla's delta-rule kernels: strength `beta`, and the decay `g` of the gated ones."""
+        gate = {} if g is None else {"g": g}
+        return fns["recurrent" if recurrent else "chunk"](q, k, v, **gate, beta=beta, **common)

@@ -14,13 +14,10 @@ class DeltaNet(DeltaRuleMixer):
     start_knobs = ("strength",)
     fast_kernels = FastKernels("the deltanet kernels", chunk="fla.ops.delta_rule.chunk_delta_rule",
                                recurrent="fla.ops.delta_rule.fused_recurrent_delta_rule")
-    fla_peer = ("DeltaNetConfig", "DeltaNetForCausalLM", dict(expand_k=1, expand_v=1))
 
-    def teacher_start(self, strength):
+    def set_start_knobs(self, strength):
         self.start_strength(strength)
 
     def gates(self, x):
         return None, self.beta(x)
 
-    def fast_call(self, fns, recurrent, q, k, v, g, beta, **common):
-        return fns["recurrent" if recurrent else "chunk"](q, k, v, beta=beta, **common)

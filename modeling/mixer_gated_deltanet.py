@@ -15,7 +15,6 @@ class GatedDeltaNet(DeltaRuleMixer, HeadDecay):
     fast_kernels = FastKernels("the gated_deltanet kernels",
                                chunk="fla.ops.gated_delta_rule.chunk_gated_delta_rule",
                                recurrent="fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule")
-    fla_peer = ("GatedDeltaNetConfig", "GatedDeltaNetForCausalLM", dict(head_dim=64, expand_v=1))
 
     def __init__(self, config, layer_idx):
         super().__init__(config, layer_idx)
@@ -25,12 +24,10 @@ class GatedDeltaNet(DeltaRuleMixer, HeadDecay):
         super().reset_new_parameters()
         self.reset_head_decay()
 
-    def teacher_start(self, half_life, strength):
+    def set_start_knobs(self, half_life, strength):
         self.start_head_decay(half_life)
         self.start_strength(strength)
 
     def gates(self, x):
         return self.head_decay(x)[0], self.beta(x)
 
-    def fast_call(self, fns, recurrent, q, k, v, g, beta, **common):
-        return fns["recurrent" if recurrent else "chunk"](q, k, v, g=g, beta=beta, **common)

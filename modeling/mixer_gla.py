@@ -19,7 +19,6 @@ class GLA(LinearMixer):
     start_knobs = ("half_life",)
     fast_kernels = FastKernels("the gla kernels", chunk="fla.ops.gla.chunk_gla",
                                recurrent="fla.ops.gla.fused_recurrent_gla")
-    fla_peer = ("GLAConfig", "GLAForCausalLM", dict(expand_k=1, expand_v=1))
 
     def __init__(self, config, layer_idx):
         super().__init__(config, layer_idx)
@@ -34,7 +33,7 @@ class GLA(LinearMixer):
         init.constant_(self.gk_proj[1].bias, 3.0)
 
     @torch.no_grad()
-    def teacher_start(self, half_life):
+    def set_start_knobs(self, half_life):
         # logsigmoid(b) / normalizer = -rate on every channel of a head (the second factor stays zero).
         alpha = torch.exp(-self.config.gate_logit_normalizer * decay_rate(half_life))
         self.gk_proj[1].bias.copy_(torch.logit(alpha).repeat_interleave(self.head_dim))

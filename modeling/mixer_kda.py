@@ -19,7 +19,6 @@ class KDA(DeltaRuleMixer):
     start_knobs = ("half_life", "strength")
     fast_kernels = FastKernels("the kda kernels", chunk="fla.ops.kda.chunk_kda",
                                recurrent="fla.ops.kda.fused_recurrent_kda")
-    fla_peer = ("KDAConfig", "KDAForCausalLM", dict(head_dim=64, expand_v=1))
 
     def __init__(self, config, layer_idx):
         super().__init__(config, layer_idx)
@@ -35,7 +34,7 @@ class KDA(DeltaRuleMixer):
         init_decay(self.A_log, self.dt_bias)
 
     @torch.no_grad()
-    def teacher_start(self, half_life, strength):
+    def set_start_knobs(self, half_life, strength):
         # A = 1 and every channel of a head at that head's rate (f_proj's second factor stays zero).
         self.A_log.zero_()
         self.dt_bias.copy_(inverse_softplus(decay_rate(half_life)).repeat_interleave(self.head_dim))
@@ -47,5 +46,3 @@ class KDA(DeltaRuleMixer):
         g = -self.A_log.float().exp()[:, None] * F.softplus(f)
         return g, self.beta(x)
 
-    def fast_call(self, fns, recurrent, q, k, v, g, beta, **common):
-        return fns["recurrent" if recurrent else "chunk"](q, k, v, g=g, beta=beta, **common)

@@ -18,7 +18,6 @@ class LinearAttention(LinearMixer):
     # No decay or strength: from a teacher only the output norm is fitted (no start_knobs).
     fast_kernels = FastKernels("the linear_attn kernels", chunk="fla.ops.simple_gla.chunk_simple_gla",
                                recurrent="fla.ops.simple_gla.fused_recurrent_simple_gla")
-    fla_peer = ("LinearAttentionConfig", "LinearAttentionForCausalLM", dict(expand_k=1, expand_v=1, num_kv_heads=3))
 
     def features(self, q, k, v):
         phi = FEATURE_MAPS[self.config.feature_map]

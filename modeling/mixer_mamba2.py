@@ -26,8 +26,6 @@ class Mamba2(LinearMixer, HeadDecay):
     fast_kernels = FastKernels("the mamba2 kernels", chunk="fla.ops.gla.chunk_gla",
                                recurrent="fla.ops.simple_gla.fused_recurrent_simple_gla")
     short_conv = True
-    # fla's Mamba-2 has no MLP blocks; expand=1 keeps its heads at the 135M shape's 9 x 64.
-    fla_peer = ("Mamba2Config", "Mamba2ForCausalLM", dict(head_dim=64, expand=1, state_size=64))
 
     def __init__(self, config, layer_idx):
         super().__init__(config, layer_idx)
@@ -36,7 +34,7 @@ class Mamba2(LinearMixer, HeadDecay):
     def reset_new_parameters(self):
         self.reset_head_decay()
 
-    def teacher_start(self, half_life):
+    def set_start_knobs(self, half_life):
         self.start_head_decay(half_life)
 
     def gates(self, x):

@@ -19,7 +19,6 @@ class RetNet(LinearMixer):
     # fla's retention kernels use the same fixed decays 1 - 2^(-5-h).
     fast_kernels = FastKernels("the retnet kernels", chunk="fla.ops.retention.chunk_retention",
                                recurrent="fla.ops.retention.fused_recurrent_retention")
-    fla_peer = ("RetNetConfig", "RetNetForCausalLM", dict(expand_k=1, expand_v=1))
 
     def __init__(self, config, layer_idx):
         super().__init__(config, layer_idx)

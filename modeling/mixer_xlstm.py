@@ -47,7 +47,7 @@ class MLSTM(LinearMixer):
         init.copy_(self.fgate.bias, torch.linspace(3.0, 6.0, self.num_heads))
 
     @torch.no_grad()
-    def teacher_start(self, half_life):
+    def set_start_knobs(self, half_life):
         # Forget gate sigmoid(b) = exp(-rate). Input gate 1 (bias 0): at the default e^-10 the mixer's output is
         # ~1e-5, which the output norm's eps swallows; a uniform input gate is otherwise undone by the normaliser
         # and the output norm, so it is no knob.

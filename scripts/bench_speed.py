@@ -41,16 +41,30 @@ def stamp(what: str) -> None:
     print(f"[{time.perf_counter() - START:6.1f} s] {what}", flush=True)
 
 
+# mixer -> (config class, model class, extra kwargs) of fla's own model at our shape (fla's defaults otherwise). A
+# benchmark fact, so it lives here rather than in the remote-code bundle; a mixer without a row has no fla peer.
+FLA_PEERS = {
+    "deltanet": ("DeltaNetConfig", "DeltaNetForCausalLM", dict(expand_k=1, expand_v=1)),
+    "gated_deltanet": ("GatedDeltaNetConfig", "GatedDeltaNetForCausalLM", dict(head_dim=64, expand_v=1)),
+    "gla": ("GLAConfig", "GLAForCausalLM", dict(expand_k=1, expand_v=1)),
+    "kda": ("KDAConfig", "KDAForCausalLM", dict(head_dim=64, expand_v=1)),
+    "linear_attn": ("LinearAttentionConfig", "LinearAttentionForCausalLM", dict(expand_k=1, expand_v=1, num_kv_heads=3)),
+    # fla's Mamba-2 has no MLP blocks; expand=1 keeps its heads at the 135M shape's 9 x 64
+    "mamba2": ("Mamba2Config", "Mamba2ForCausalLM", dict(head_dim=64, expand=1, state_size=64)),
+    "retnet": ("RetNetConfig", "RetNetForCausalLM", dict(expand_k=1, expand_v=1)),
+}
+
+
 def fla_peer(mixer):
-    """The peer model for the same mixer at the 135M shape: fla's own (the mixer class's `fla_peer`, fla's defaults
-    otherwise), for xlstm the xlstm package's xLSTM Large; None where there is none."""
+    """The peer model for the same mixer at the 135M shape: fla's own (`FLA_PEERS`), for xlstm the xlstm package's
+    xLSTM Large; None where there is none."""
     if mixer == "xlstm":  # fla has no mLSTM model: the xlstm package's own (`pip install xlstm`), if installed
         try:
             return XlstmPeer()
         except ImportError as err:
             print(f"xlstm: no peer ({err}); its row compares with gated_deltanet's instead", flush=True)
             return None
-    spec = MIXER_CLASSES[mixer].fla_peer
+    spec = FLA_PEERS.get(mixer)
     if spec is None:
         return None
     import fla.models as fm

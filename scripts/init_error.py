@@ -99,7 +99,7 @@ def statistics_start(teacher, mixer, ids, conv_activation):
         attn, (distance, entropy) = layer.self_attn, stats[i]
         concentration = 1 - (entropy - entropy.min()) / (entropy.max() - entropy.min()).clamp_min(1e-3)
         knobs = {"half_life": distance.clamp_min(0.5), "strength": 0.3 + 0.4 * concentration}
-        attn.teacher_start(**{k: knobs[k] for k in attn.start_knobs})
+        attn.set_start_knobs(**{k: knobs[k] for k in attn.start_knobs})
         x, y, _ = io[i]
         w, _ = fit_output_norm(normalised_heads(attn, x), y.reshape(-1, y.shape[-1]), attn.o_proj.weight)
         attn.o_norm.weight.copy_(w)

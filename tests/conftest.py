@@ -3,7 +3,24 @@
 Keep this file small: only fixtures that several test modules use, each group under its own header.
 """
 
+import os
+from pathlib import Path
+
 import pytest
+
+
+# ----------------------------------------------------------------------------------------------
+# The five zero-shot sets (llm-foundry JSONL): $EVAL_DATA, else ../shared/data/eval beside the
+# checkout, as scripts/main_job.sh finds them. Tests that need them skip, saying where they looked.
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def eval_data_dir():
+    path = Path(os.environ.get("EVAL_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data" / "eval")
+    if not path.is_dir():
+        pytest.skip(f"the zero-shot sets are not at {path}: set EVAL_DATA to their folder")
+    return path
 
 
 # ----------------------------------------------------------------------------------------------

@@ -16,7 +16,6 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from linzoo.evals import niah, quality
 
-EVAL_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "eval"  # ../shared beside the checkout
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 NOUNS = ["river", "garden", "teacher", "window", "mountain", "letter", "kitchen", "harbour"]
@@ -223,11 +222,10 @@ EVAL_DATA_SHA256_20 = {
 }
 
 
-@pytest.mark.skipif(not EVAL_DATA.is_dir(), reason="shared eval data missing")
-def test_real_tasks_end_to_end_with_tiny_llama(tmp_path):
+def test_real_tasks_end_to_end_with_tiny_llama(tmp_path, eval_data_dir):
     tok = bpe_tokenizer(FILLER)
     student, teacher = tiny_llama(tok, seed=0), tiny_llama(tok, seed=1)
-    results = quality.evaluate_quality(student, tok, quality.TASKS, str(EVAL_DATA), 20, 8, teacher, tok,
+    results = quality.evaluate_quality(student, tok, quality.TASKS, str(eval_data_dir), 20, 8, teacher, tok,
                                        heldout=FILLER, heldout_tokens=256)
     assert set(results) == QUALITY_KEYS and results["limit"] == 20
     assert results["docs_sha256"] == EVAL_DATA_SHA256_20

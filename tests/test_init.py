@@ -158,7 +158,7 @@ def test_fit_output_norm_solves_least_squares():
 
 
 @pytest.mark.parametrize("mixer", [m for m in linzoo.MIXERS if MIXER_CLASSES[m].start_knobs])
-def test_teacher_start_sets_half_life_and_strength(mixer):
+def test_set_start_knobs_sets_half_life_and_strength(mixer):
     """With the input-dependent parts at zero, the gates give every head its decay (the state halves in
     `half_life` tokens) and its strength, whatever the input."""
     model = LinzooForCausalLM(LinzooConfig(**TINY, mixer=mixer))
@@ -166,7 +166,7 @@ def test_teacher_start_sets_half_life_and_strength(mixer):
     H = mixer_.num_heads
     half_life, strength = torch.tensor([2.0, 8.0, 32.0, 2048.0]), torch.tensor([0.05, 0.2, 0.5, 0.9])
     knobs = {"half_life": half_life, "strength": strength}
-    mixer_.teacher_start(**{k: knobs[k] for k in mixer_.start_knobs})
+    mixer_.set_start_knobs(**{k: knobs[k] for k in mixer_.start_knobs})
     x = torch.randn(2, 5, TINY["hidden_size"])
     with torch.no_grad():
         g, beta = mixer_.gates(x)
@@ -291,7 +291,7 @@ def test_plain_start_without_a_teacher(mixer):
     with torch.no_grad():
         for layer in model.model.layers:
             attn = layer.self_attn
-            attn.teacher_start(**{k: knobs[k] for k in attn.start_knobs})
+            attn.set_start_knobs(**{k: knobs[k] for k in attn.start_knobs})
             if attn.conv is not None:
                 attn.conv.weight.mul_(3)
             for module in attn.modules():

@@ -15,7 +15,6 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 import linzoo
 from linzoo.evals import quality
 
-EVAL_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "eval"  # ../shared beside the checkout
 CORPUS = ["Question: Which gas do plants take in to make food?\nAnswer: carbon dioxide",
           "The river watched the garden before the mountain was quiet again.",
           "Sarah was a much better surgeon than Maria so Maria always got the harder cases.",
@@ -87,10 +86,9 @@ def tiny_student():
     return linzoo.linearize(teacher, "gated_deltanet").eval(), tokenizer
 
 
-@pytest.mark.skipif(not EVAL_DATA.is_dir(), reason="shared eval data missing")
-def test_lm_eval_scores_real_tasks_as_linzoo_did():
+def test_lm_eval_scores_real_tasks_as_linzoo_did(eval_data_dir):
     model, tokenizer = tiny_student()
-    tasks = quality.load_tasks(quality.TASKS, EVAL_DATA)
+    tasks = quality.load_tasks(quality.TASKS, eval_data_dir)
     docs = {task: quality.task_docs(task, obj, 50) for task, obj in tasks.items()}
     output = quality.run_lm_eval(model, tokenizer, tasks, 50, batch_size=8, log_samples=True)
     for task, obj in tasks.items():

@@ -33,7 +33,6 @@ def test_every_mixer_declares_its_facts(name):
     assert cls.__module__.endswith(f".mixer_{name}")
     assert cls.title and cls.recurrence and "_t" in cls.recurrence and cls.new_parameters
     assert set(cls.fast_kernels.paths) == {"chunk", "recurrent"}
-    assert cls.fla_peer is None or (len(cls.fla_peer) == 3 and cls.fla_peer[1].endswith("ForCausalLM"))
 
 
 def test_no_mixer_is_named_outside_its_file_and_the_registry():
@@ -181,3 +180,44 @@ def test_broken_kernel_import_falls_back(tmp_path):
     assert not gdn["fast_path"] and gdn["same_logits"]
     assert any("RuntimeError: Triton cannot find a GPU driver" in w for w in gdn["warnings"])
     assert "Triton cannot find a GPU driver" in gdn["fast_error"]
+
+
+# --- the eval registry: like the mixers', the single source of an eval's facts ------------------------------
+
+def test_every_eval_declares_its_facts():
+    from linzoo.evals.registry import EVAL_MODULES, all_evals
+
+    for name, spec in zip(EVAL_MODULES, all_evals()):
+        assert spec.name == name and (ROOT / "evals" / f"{name}.py").is_file()
+        assert spec.schema.startswith(f"linzoo.{name}/") and spec.result_file == f"{name}.json"
+        assert spec.help and callable(spec.main) and all(f.endswith(".png") for f in spec.figures)
+        assert (spec.space_row is None) == (not spec.space_headers)
+
+
+def test_no_eval_is_named_outside_its_file_and_the_registry():
+    """An eval's results file, figures and schema appear only in its own module (and documents of its own in
+    evals/, e.g. LM_EVAL.md) and the registry: cards, plans, the CLI and the Space ask the registry."""
+    from linzoo.evals.registry import all_evals
+
+    found = []
+    for folder in PACKAGE_DIRS:
+        for path in sorted((ROOT / folder).rglob("*")):
+            if not path.is_file() or path.suffix in (".pyc", ".png", ".jsonl") or "__pycache__" in path.parts:
+                continue
+            text = path.read_text(errors="ignore")
+            for spec in all_evals():
+                if path.parent.name == "evals" and path.name in (f"{spec.name}.py", "registry.py"):
+                    continue
+                for word in (spec.schema, *spec.files):
+                    for m in re.finditer(rf"(?<![\w.]){re.escape(word)}(?![\w])", text):
+                        found.append(f"{path.relative_to(ROOT)}:{text[:m.start()].count(chr(10)) + 1}: {word}")
+    assert not found, "\n".join(found)
+
+
+def test_import_linzoo_imports_no_torch():
+    """`import linzoo` (and the CLI's dispatch table) stay cheap: torch and transformers load on first use."""
+    code = ("import sys, linzoo, linzoo.cli; heavy = [m for m in ('torch', 'transformers') if m in sys.modules]; "
+            "print(heavy); assert linzoo.MIXERS and 'torch' in sys.modules")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]"
