@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from .niah import ModelArguments, load_for_eval, load_texts, model_device, name_of, parse_list
+from .niah import ModelArguments, check_out_dir, load_for_eval, load_texts, model_device, name_of, parse_list
 
 SCHEMA = "linzoo.quality/v1"
 TASKS = ("lambada_openai", "winogrande", "arc_easy", "arc_challenge", "piqa")
@@ -378,6 +378,7 @@ class QualityArguments(ModelArguments):
             _check_task(task)
         if self.data_dir is not None:
             check_data_dir(self.data_dir, parse_list(self.tasks, str))
+        check_out_dir(self.out)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -111,6 +111,8 @@ def load_model(spec: str, dtype: torch.dtype | str | None = None, device: str | 
 
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
+    from .integrity import verify_weights
+
     source = resolve(spec)
     config = read_config(spec)
     model_type = config.get("model_type")
@@ -118,6 +120,7 @@ def load_model(spec: str, dtype: torch.dtype | str | None = None, device: str | 
         raise ValueError(f"{spec!r} is a {model_type!r} model, which neither linzoo nor transformers knows: loading "
                          "it runs the repo's own Python. Pass trust_remote_code=True (--trust_remote_code) only "
                          "if you trust that code.")
+    verify_weights(source)  # a damaged or changed weights file is named here, not deep inside from_pretrained
     kwargs = {"dtype": dtype or torch.float32, "use_safetensors": True if safetensors_only else None}
     try:
         if model_type == "linzoo":

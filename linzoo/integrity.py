@@ -1,0 +1,63 @@
+"""Are a folder's weights the bytes its run saved? The run records their sha256 in its lineage (`save_with_lineage`
+writes `weights_record` into linzoo_training.json); linzoo's loaders and `linzoo push` call `verify_weights`.
+
+Every `*.safetensors` file must also open (its header parses and covers the file), so a truncated file is named
+before transformers reads it. A folder without a recorded digest (an older run, a teacher) is only opened.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+LINEAGE_FILE = "linzoo_training.json"
+DIGESTS = "weights_sha256"  # the lineage's {file name: sha256} of the weights
+
+
+def file_sha256(path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()  # read in chunks, never the whole file at once
+
+
+def weights_record(folder) -> dict:
+    """The lineage entry for the weights saved in `folder`: {"weights_sha256": {file name: sha256}}."""
+    return {DIGESTS: {p.name: file_sha256(p) for p in sorted(Path(folder).glob("*.safetensors"))}}
+
+
+def recorded_digests(folder) -> dict[str, str]:
+    """The weights' digests recorded in the folder's lineage; {} without a lineage file or a digest in it."""
+    path = Path(folder) / LINEAGE_FILE
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text()).get(DIGESTS) or {}
+    except (ValueError, AttributeError) as err:  # not JSON, or JSON but not an object
+        raise ValueError(f"{path} is not a linzoo lineage record ({err}): restore it, or delete it to load the "
+                         "folder without its lineage") from None
+
+
+def verify_weights(folder) -> None:
+    """A ValueError naming the file when a safetensors file of `folder` does not open, or its sha256 differs from
+    the one in the lineage record (a FileNotFoundError when a recorded file is gone). Nothing for a Hub id."""
+    from safetensors import SafetensorError, safe_open
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        return
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(path, framework="pt"):
+                pass
+        except SafetensorError as err:
+            raise ValueError(f"{path} is not a readable safetensors file ({err}): it is truncated or damaged; "
+                             "copy it again from where it came") from None
+    for name, digest in recorded_digests(folder).items():
+        path = folder / name
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing: {LINEAGE_FILE} records its sha256; copy it again from "
+                                    "where it came")
+        if file_sha256(path) != digest:
+            raise ValueError(f"{path} is not the file its run saved: its sha256 differs from the one in "
+                             f"{folder / LINEAGE_FILE}; copy it again from where it came, or, if you changed the "
+                             f"weights on purpose, delete {DIGESTS!r} from that file")
