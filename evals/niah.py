@@ -23,7 +23,6 @@ import math
 import os
 import random
 import re
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -278,18 +277,24 @@ def _generate(model, tokenizer, samples: list[NiahSample], max_new_tokens: int |
 
 def position_limit(config: dict) -> int | None:
     """The most positions (prompt and answer) a model takes, from its config.json dict: `max_position_embeddings`
-    under the name its config class maps it to (GPT-2's `n_positions`). None for a linzoo student without softmax
-    layers: its mixers index nothing by position (the teacher's number in its config serves a hybrid's RoPE layers
-    only), so a length past the teacher's measures length extrapolation, bounded by memory alone."""
+    under the name its config class maps it to (GPT-2's `n_positions`). None when every layer is linear attention
+    (`layer_types`), as in a linzoo student without softmax layers: its mixers index nothing by position (the
+    teacher's number in its config serves a hybrid's RoPE layers only), so a length past the teacher's measures
+    length extrapolation, bounded by memory alone."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    model_type = config.get("model_type")
-    if model_type == "linzoo" and not config.get("attn_layers"):
+    if softmax_layers(config) == 0:
         return None
-    key = "max_position_embeddings"
+    key, model_type = "max_position_embeddings", config.get("model_type")
     if model_type in CONFIG_MAPPING:
         key = CONFIG_MAPPING[model_type].attribute_map.get(key, key)
     return config.get(key)
+
+
+def softmax_layers(config: dict) -> int | None:
+    """How many layers are not linear attention, by the config's `layer_types`; None where it has none."""
+    types = config.get("layer_types")
+    return sum(t != "linear_attention" for t in types) if types else None
 
 
 def check_positions(config: dict, lengths: list[int], new_tokens: int, name: str) -> None:
@@ -303,7 +308,8 @@ def check_positions(config: dict, lengths: list[int], new_tokens: int, name: str
 
 
 # Host memory per prompt token while the fast tokenizer encodes it into Python lists (measured: ~625 bytes with
-# SmolLM2's tokenizer), and the prompt and haystack strings kept for every sample (~4 characters a token).
+# SmolLM2's tokenizer), and the prompt and haystack strings kept for every sample (two strings of at most ~6
+# characters a token, the share build_haystack starts from; SmolLM2's tokenizer makes 3.75 of the noise).
 TOKENIZE_BYTES, KEPT_BYTES = 640, 2 * 6
 # One prefill's activations per prompt token in floats of the model's dtype, per unit of hidden_size and of
 # intermediate_size: fitted to the peak memory of the 135M shape on CPU in fp32, 1,024-2,048 tokens x 2 rows
@@ -317,20 +323,19 @@ def generation_memory(model, lengths: list[int], prompts_per_length: int, batch_
     text, the longest batch tokenized on the host, and its prefill (activations of one layer at a time, the
     softmax layers' KV cache, full logits where the model cannot keep only the last) on the model's device."""
     config = model.config
-    hidden = config.hidden_size
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or hidden // heads
-    softmax_layers = (len(config.attn_layers) if config.model_type == "linzoo" else config.num_hidden_layers)
-    size = next(model.parameters()).element_size()
-    per_token = size * (PREFILL_FLOATS[0] * hidden + PREFILL_FLOATS[1] * (getattr(config, "intermediate_size", None)
-                                                                          or 4 * hidden))
-    per_token += size * 2 * softmax_layers * kv_heads * head_dim
-    if not model._supports_logits_to_keep():
-        per_token += 4 * config.vocab_size
     rows = batch_size * (max(lengths) + new_tokens)
     host = KEPT_BYTES * prompts_per_length * sum(lengths) + TOKENIZE_BYTES * rows
-    return host, rows * per_token
+    hidden = getattr(config, "hidden_size", None)
+    if not hidden:  # a config without the usual names: the host's share is all we can tell
+        return host, 0
+    heads = getattr(config, "num_attention_heads", None) or 1
+    kv_width = (getattr(config, "num_key_value_heads", None) or heads) * (getattr(config, "head_dim", None)
+                                                                         or hidden // heads)
+    attention = softmax_layers(config.to_dict())
+    attention = getattr(config, "num_hidden_layers", 0) if attention is None else attention
+    floats = PREFILL_FLOATS[0] * hidden + PREFILL_FLOATS[1] * (getattr(config, "intermediate_size", None) or 4 * hidden)
+    floats += 2 * attention * kv_width + (0 if model._supports_logits_to_keep() else config.vocab_size)
+    return host, rows * floats * next(model.parameters()).element_size()
 
 
 def check_memory(model, lengths: list[int], prompts_per_length: int, batch_size: int, new_tokens: int) -> None:
@@ -388,9 +393,10 @@ def run_niah(model, tokenizer, lengths, depths, variant: str = "passkey", sample
     its held-out split)."""
     spec = get_variant(variant)
     lengths, depths = parse_list(lengths, int), parse_list(depths, float)
-    new_tokens = max_new_tokens or MAX_NEW_TOKENS[spec.needle]
-    check_positions(model.config.to_dict(), lengths, new_tokens, model_name or name_of(model))
-    check_memory(model, lengths, len(depths) * samples_per_cell, batch_size, new_tokens)
+    if hasattr(model, "config"):  # a transformers model (not a stand-in): within its positions and memory
+        new_tokens = max_new_tokens or MAX_NEW_TOKENS[spec.needle]
+        check_positions(model.config.to_dict(), lengths, new_tokens, model_name or name_of(model))
+        check_memory(model, lengths, len(depths) * samples_per_cell, batch_size, new_tokens)
     if spec.haystack == "prose":
         filler = "embedded" if filler is None else filler
         texts = prose(load_texts(filler))
@@ -427,16 +433,14 @@ def run_niah(model, tokenizer, lengths, depths, variant: str = "passkey", sample
 
 
 def check_out_dir(out) -> None:
-    """A ValueError, before any model loads, unless the results can be written into folder `out` (created here)."""
+    """A ValueError, before any model loads, unless the results can be written into folder `out` or, where it does
+    not exist yet, created in its nearest existing parent folder."""
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file: give a folder for the results (it is created if missing)")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=out).close()
-    except OSError as err:
-        raise ValueError(f"--out {out}: cannot write there ({err.strerror}): give a folder you can write to") \
-            from None
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not existing.is_dir():
+        raise ValueError(f"--out {out}: {existing} is a file: give a folder for the results (created if missing)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {out}: {existing} is not writable: give a folder you can write to")
 
 
 def save_niah(results: dict, out_dir: str | os.PathLike) -> tuple[Path, Path]:

@@ -3,6 +3,10 @@ writes `weights_record` into linzoo_training.json); linzoo's loaders and `linzoo
 
 Every `*.safetensors` file must also open (its header parses and covers the file), so a truncated file is named
 before transformers reads it. A folder without a recorded digest (an older run, a teacher) is only opened.
+
+Hashing 540 MB takes about as long as loading the model from it, so a file is hashed once per state: a match
+leaves an empty marker in linzoo's cache named after the file's path, size, mtime, ctime and inode, and a later
+load with the same stat skips the hash. Any write to the file changes its ctime, which no user can set back.
 """
 
 from __future__ import annotations
@@ -57,7 +61,27 @@ def verify_weights(folder) -> None:
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing: {LINEAGE_FILE} records its sha256; copy it again from "
                                     "where it came")
+        marker = _verified_marker(path, digest)
+        if marker is not None and marker.is_file():
+            continue  # hashed before in this very state
         if file_sha256(path) != digest:
             raise ValueError(f"{path} is not the file its run saved: its sha256 differs from the one in "
                              f"{folder / LINEAGE_FILE}; copy it again from where it came, or, if you changed the "
                              f"weights on purpose, delete {DIGESTS!r} from that file")
+        if marker is not None:
+            marker.touch()
+
+
+def _verified_marker(path: Path, digest: str) -> Path | None:
+    """The marker of `path` in its present state matching `digest`; None where the cache cannot be written (then
+    every load hashes)."""
+    from .pypi_files import cache_dir
+
+    st = path.stat()
+    state = f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}:{digest}"
+    folder = cache_dir() / "verified"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return folder / hashlib.sha256(state.encode()).hexdigest()
