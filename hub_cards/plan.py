@@ -25,7 +25,7 @@ from huggingface_hub import CommitOperationAdd, CommitOperationDelete, ModelCard
 
 from linzoo import __version__ as linzoo_version
 from linzoo import modeling as linzoo_modeling
-from linzoo.integrity import LINEAGE_FILE, recorded_digests, verify_weights
+from linzoo.integrity import LINEAGE_FILE, recorded_digests, verify_folder
 
 from .card import (NIAH_FILE, QUALITY_FILE, build_card, checkpoint_info, default_base_model, eval_key, eval_results,
                    read_json, read_results)
@@ -140,7 +140,7 @@ def check_weights(folder: Path, files: list[tuple[str, Path | bytes]]) -> Check:
                                   "(safe_serialization) or delete them")
     weights = [path for path, _ in files if path.endswith(".safetensors")]
     try:
-        verify_weights(folder)
+        verify_folder(folder)
     except (ValueError, FileNotFoundError) as err:
         return Check(name, False, str(err))
     recorded = "sha256 as recorded" if recorded_digests(folder) else f"no sha256 recorded in {LINEAGE_FILE}"

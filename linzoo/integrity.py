@@ -1,8 +1,10 @@
-"""Are a folder's weights the bytes its run saved? The run records their sha256 in its lineage (`save_with_lineage`
-writes `weights_record` into linzoo_training.json); linzoo's loaders and `linzoo push` call `verify_weights`.
+"""Is a model folder whole, and are its weights the bytes its run saved? The run records their sha256 in its lineage
+(`save_with_lineage` writes `weights_record` into linzoo_training.json); linzoo's loaders and `linzoo push` call
+`verify_folder`.
 
-Every `*.safetensors` file must also open (its header parses and covers the file), so a truncated file is named
-before transformers reads it. A folder without a recorded digest (an older run, a teacher) is only opened.
+Every top-level `*.json` file must also parse and every `*.safetensors` file open (its header parses and covers
+the file), so a truncated file is named before transformers reads it. A folder without a recorded digest (an older
+run, a teacher) is only opened.
 
 Hashing 540 MB takes about as long as loading the model from it, so a file is hashed once per state: a match
 leaves an empty marker in linzoo's cache named after the file's path, size, mtime, ctime and inode, and a later
@@ -29,26 +31,36 @@ def weights_record(folder) -> dict:
     return {DIGESTS: {p.name: file_sha256(p) for p in sorted(Path(folder).glob("*.safetensors"))}}
 
 
+def read_json(path):
+    """A JSON file's content; a ValueError naming the file when it does not parse."""
+    try:
+        return json.loads(Path(path).read_bytes())
+    except ValueError as err:
+        raise ValueError(f"{path} is not valid JSON ({err}): it is truncated or damaged; copy it again from where "
+                         "it came") from None
+
+
 def recorded_digests(folder) -> dict[str, str]:
     """The weights' digests recorded in the folder's lineage; {} without a lineage file or a digest in it."""
     path = Path(folder) / LINEAGE_FILE
-    if not path.is_file():
-        return {}
-    try:
-        return json.loads(path.read_text()).get(DIGESTS) or {}
-    except (ValueError, AttributeError) as err:  # not JSON, or JSON but not an object
-        raise ValueError(f"{path} is not a linzoo lineage record ({err}): restore it, or delete it to load the "
-                         "folder without its lineage") from None
+    record = read_json(path) if path.is_file() else {}
+    if not isinstance(record, dict):
+        raise ValueError(f"{path} is not a linzoo lineage record (a JSON object): restore it, or delete it to load "
+                         "the folder without its lineage")
+    return record.get(DIGESTS) or {}
 
 
-def verify_weights(folder) -> None:
-    """A ValueError naming the file when a safetensors file of `folder` does not open, or its sha256 differs from
-    the one in the lineage record (a FileNotFoundError when a recorded file is gone). Nothing for a Hub id."""
+def verify_folder(folder) -> None:
+    """A ValueError naming the file when a JSON file of `folder` does not parse, a safetensors file does not open,
+    or its sha256 differs from the one in the lineage record (a FileNotFoundError when a recorded file is gone).
+    Nothing for a Hub id."""
     from safetensors import SafetensorError, safe_open
 
     folder = Path(folder)
     if not folder.is_dir():
         return
+    for path in sorted(folder.glob("*.json")):
+        read_json(path)
     for path in sorted(folder.glob("*.safetensors")):
         try:
             with safe_open(path, framework="pt"):
