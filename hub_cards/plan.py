@@ -132,19 +132,25 @@ def check_repo_id(repo_id: str) -> None:
             from None
 
 
-def check_weights(folder: Path, files: list[tuple[str, Path | bytes]]) -> Check:
-    name = "weights are safetensors only, intact and as recorded"
+def check_weights(files: list[tuple[str, Path | bytes]]) -> Check:
+    name = "weights are safetensors only"
     pickles = [path for path, _ in files if path.lower().endswith(PICKLE_SUFFIXES)]
     if pickles:
         return Check(name, False, f"refusing pickle files {pickles}: re-save with save_pretrained "
                                   "(safe_serialization) or delete them")
     weights = [path for path, _ in files if path.endswith(".safetensors")]
+    return Check(name, bool(weights), ", ".join(weights) if weights else "no .safetensors file")
+
+
+def check_intact(folder: Path) -> Check:
+    """`linzoo.integrity.verify_folder`: the JSON files parse, the weights open and equal their recorded sha256."""
+    name = "files intact, weights as recorded"
     try:
         verify_folder(folder)
     except (ValueError, FileNotFoundError) as err:
         return Check(name, False, str(err))
-    recorded = "sha256 as recorded" if recorded_digests(folder) else f"no sha256 recorded in {LINEAGE_FILE}"
-    return Check(name, bool(weights), f"{', '.join(weights)} ({recorded})" if weights else "no .safetensors file")
+    return Check(name, True, "sha256 as recorded in " + LINEAGE_FILE if recorded_digests(folder) else
+                 f"no sha256 recorded ({LINEAGE_FILE} of an older run, or none)")
 
 
 def check_code(folder: Path) -> Check:
@@ -236,7 +242,7 @@ def plan_checkpoint(folder, repo_id: str, private: bool = False, revision: str |
     files, skipped = upload_files(folder)
     files.append(("README.md", str(card).encode()))
     info = checkpoint_info(folder)
-    checks = [check_weights(folder, files), check_card(folder, card)]
+    checks = [check_weights(files), check_intact(folder), check_card(folder, card)]
     recorded = base_model or default_base_model(info)
     checks.append(Check("base_model is a Hub id", bool(card.data.base_model),
                         card.data.base_model or f"{recorded!r} is not a Hub id: pass --base-model ORG/NAME"))
