@@ -173,7 +173,7 @@ def check_code(folder: Path) -> Check:
     problems = ([f"differs from linzoo's own in {own}: {', '.join(differ)}"] if differ else []) + \
                ([f"not linzoo's: {', '.join(foreign)}"] if foreign else []) + \
                ([f"names code outside the folder's files: {', '.join(entries)}"] if entries else [])
-    return Check(name, False, "; ".join(problems) + ": not run. Copy linzoo's own files over them (or push with "
+    return Check(name, False, "; ".join(problems) + ". Not run: copy linzoo's own files over them (or push with "
                                                      "the linzoo that wrote them) and delete the others")
 
 
