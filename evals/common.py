@@ -86,6 +86,18 @@ def write_json(results: dict, path: Path) -> Path:
     return path
 
 
+def check_out_dir(out) -> None:
+    """A ValueError, before any model loads, unless the results can be written into folder `out` or, where it does
+    not exist yet, created in its nearest existing parent folder."""
+    out = Path(out)
+    existing = next(p for p in (out, *out.parents) if os.path.lexists(p))  # a dangling link counts, and fails
+    if not existing.is_dir():
+        raise ValueError(f"--out {out}: {existing} is not a folder: give a folder for the results (created if "
+                         "missing)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {out}: {existing} is not writable: give a folder you can write to")
+
+
 def load_texts(source: str | list[str], split: str = "test") -> list[str]:
     """Texts from a literal list, a .txt file (paragraphs split on blank lines), or any
     `linzoo.data.load_text_dataset` spec such as "embedded"."""

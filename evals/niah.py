@@ -32,7 +32,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .common import (EVAL_DIR, NOT_MEASURED, EvalSpec, ModelArguments, load_for_eval, load_texts, measured,
+from .common import (EVAL_DIR, NOT_MEASURED, EvalSpec, ModelArguments, check_out_dir, load_for_eval, load_texts,
+                     measured,
                      model_device, name_of, parse_list, render)
 
 SCHEMA = "linzoo.niah/v1"
@@ -245,6 +246,88 @@ def _generate(model, tokenizer, samples: list[NiahSample], max_new_tokens: int |
     return tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
 
 
+def position_limit(config: dict) -> int | None:
+    """The most positions (prompt and answer) a model takes, from its config.json dict: `max_position_embeddings`
+    under the name its config class maps it to (GPT-2's `n_positions`). None when every layer is linear attention
+    (`layer_types`), as in a linzoo student without softmax layers: its mixers index nothing by position (the
+    teacher's number in its config serves a hybrid's RoPE layers only), so a length past the teacher's measures
+    length extrapolation, bounded by memory alone."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if softmax_layers(config) == 0:
+        return None
+    key, model_type = "max_position_embeddings", config.get("model_type")
+    if model_type in CONFIG_MAPPING:
+        key = CONFIG_MAPPING[model_type].attribute_map.get(key, key)
+    return config.get(key)
+
+
+def softmax_layers(config: dict) -> int | None:
+    """How many layers are not linear attention, by the config's `layer_types`; None where it has none."""
+    types = config.get("layer_types")
+    return sum(t != "linear_attention" for t in types) if types else None
+
+
+def check_positions(config: dict, lengths: list[int], new_tokens: int, name: str) -> None:
+    """A ValueError when a prompt of one of `lengths` tokens plus its `new_tokens` answer passes the model's
+    positions: past them a learnt position table fails (GPT-2's IndexError) and RoPE runs on untrained angles."""
+    limit = position_limit(config)
+    too_long = [length for length in lengths if limit is not None and length + new_tokens > limit]
+    if too_long:
+        raise ValueError(f"--lengths {','.join(map(str, too_long))}: {name} takes {limit} positions and the answer "
+                         f"needs {new_tokens} of them: give lengths up to {limit - new_tokens}")
+
+
+# Host memory per prompt token while the fast tokenizer encodes it into Python lists (measured: ~625 bytes with
+# SmolLM2's tokenizer), and the prompt and haystack strings kept for every sample (two strings of at most ~6
+# characters a token, the share build_haystack starts from; SmolLM2's tokenizer makes 3.75 of the noise).
+TOKENIZE_BYTES, KEPT_BYTES = 640, 2 * 6
+# One prefill's activations per prompt token in floats of the model's dtype, per unit of hidden_size and of
+# intermediate_size: fitted to the peak memory of the 135M shape on CPU in fp32, 1,024-2,048 tokens x 2 rows
+# (gated_deltanet 93-132 KB a token, Llama 80-153 KB with its KV cache).
+PREFILL_FLOATS = (32, 8)
+
+
+def generation_memory(model, lengths: list[int], prompts_per_length: int, batch_size: int,
+                      new_tokens: int) -> tuple[int, int]:
+    """(host bytes, device bytes), roughly, that `run_niah` needs beyond the loaded model: every prompt kept as
+    text, the longest batch tokenized on the host, and its prefill (activations of one layer at a time, the
+    softmax layers' KV cache, full logits where the model cannot keep only the last) on the model's device."""
+    config = model.config
+    rows = batch_size * (max(lengths) + new_tokens)
+    host = KEPT_BYTES * prompts_per_length * sum(lengths) + TOKENIZE_BYTES * rows
+    hidden = getattr(config, "hidden_size", None)
+    if not hidden:  # a config without the usual names: the host's share is all we can tell
+        return host, 0
+    heads = getattr(config, "num_attention_heads", None) or 1
+    kv_width = (getattr(config, "num_key_value_heads", None) or heads) * (getattr(config, "head_dim", None)
+                                                                         or hidden // heads)
+    attention = softmax_layers(config.to_dict())
+    attention = getattr(config, "num_hidden_layers", 0) if attention is None else attention
+    floats = PREFILL_FLOATS[0] * hidden + PREFILL_FLOATS[1] * (getattr(config, "intermediate_size", None) or 4 * hidden)
+    floats += 2 * attention * kv_width + (0 if model._supports_logits_to_keep() else config.vocab_size)
+    return host, rows * floats * next(model.parameters()).element_size()
+
+
+def check_memory(model, lengths: list[int], prompts_per_length: int, batch_size: int, new_tokens: int) -> None:
+    """A ValueError, before any prompt is built, when `generation_memory` exceeds the memory available now."""
+    import psutil
+
+    host, device = generation_memory(model, lengths, prompts_per_length, batch_size, new_tokens)
+    where = model_device(model)
+    if where.type == "cuda":
+        needs = {"host": (host, psutil.virtual_memory().available), where: (device, torch.cuda.mem_get_info(where)[0])}
+    else:
+        needs = {where: (host + device, psutil.virtual_memory().available)}
+    short = [f"about {need / 2**30:.1f} GiB on {place} ({free / 2**30:.1f} GiB available)"
+             for place, (need, free) in needs.items() if need > free]
+    if short:
+        raise ValueError(f"NIAH up to {max(lengths):,} tokens, batch {batch_size}, needs {' and '.join(short)}: "
+                         "use shorter --lengths, a smaller --batch_size, fewer --samples_per_cell or --depths, or a "
+                         "machine with more memory")
+
+
+
 def answer_one(model, tokenizer, sample: NiahSample, max_new_tokens: int | None = None) -> tuple[str, bool, float]:
     """One prompt, for the Space: (generated text, whether it contains the answer, seconds)."""
     start = time.perf_counter()
@@ -281,6 +364,10 @@ def run_niah(model, tokenizer, lengths, depths, variant: str = "passkey", sample
     its held-out split)."""
     spec = get_variant(variant)
     lengths, depths = parse_list(lengths, int), parse_list(depths, float)
+    if hasattr(model, "config"):  # a transformers model (not a stand-in): within its positions and memory
+        new_tokens = max_new_tokens or MAX_NEW_TOKENS[spec.needle]
+        check_positions(model.config.to_dict(), lengths, new_tokens, model_name or name_of(model))
+        check_memory(model, lengths, len(depths) * samples_per_cell, batch_size, new_tokens)
     if spec.haystack == "prose":
         filler = "embedded" if filler is None else filler
         texts = prose(load_texts(filler))
@@ -385,6 +472,12 @@ class NiahArguments(ModelArguments):
                 values = []
             if not values or not all(map(valid, values)):
                 raise ValueError(f"{flag} {value!r}: give {want}, comma-separated, e.g. {flag} {example}")
+        from linzoo.loading import read_config
+
+        new_tokens = self.max_new_tokens or MAX_NEW_TOKENS[get_variant(self.variant).needle]
+        for spec in filter(None, (self.model, self.teacher)):  # config.json only: no model loads, no code runs
+            check_positions(read_config(spec), parse_list(self.lengths, int), new_tokens, spec)
+        check_out_dir(self.out)
 
 
 def main(argv: list[str] | None = None) -> dict:

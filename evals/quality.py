@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from .common import (NOT_MEASURED, EvalSpec, ModelArguments, load_for_eval, load_texts, measured, model_device,
-                     name_of, parse_list, render)
+from .common import (NOT_MEASURED, EvalSpec, ModelArguments, check_out_dir, load_for_eval, load_texts, measured,
+                     model_device, name_of, parse_list, render)
 
 SCHEMA = "linzoo.quality/v1"
 TASKS = ("lambada_openai", "winogrande", "arc_easy", "arc_challenge", "piqa")
@@ -379,6 +379,7 @@ class QualityArguments(ModelArguments):
             _check_task(task)
         if self.data_dir is not None:
             check_data_dir(self.data_dir, parse_list(self.tasks, str))
+        check_out_dir(self.out)
 
 
 def main(argv: list[str] | None = None) -> dict:

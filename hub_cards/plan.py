@@ -1,10 +1,12 @@
 """What `linzoo push` and `linzoo push-zoo` upload, the checks that must pass first, and the upload itself.
 
-A plan is a repo id plus the exact files (path in repo, size) of one commit. Before anything is sent,
-a checkpoint must (1) load with `trust_remote_code` in a fresh Python process, (2) hold safetensors
-weights and no pickle files, and (3) get a card whose model-index numbers, read back from its YAML,
-equal the results files'. The Space's plan carries linzoo's own wheel, built from this checkout, which its
-requirements.txt installs. The dry run prints all of it and touches no network.
+A plan is a valid repo id plus the exact files (path in repo, size) of one commit. Before anything is sent,
+a checkpoint must (1) hold no Python but linzoo's own modeling files, byte for byte, so that (2) loading it with
+`trust_remote_code` in a fresh Python process runs only linzoo's code, (3) hold safetensors weights, no pickle
+files, each weights file intact and equal to the sha256 in its lineage record, and (4) get a card whose
+model-index numbers, read back from its YAML, equal the results files'. The Space's plan carries linzoo's own
+wheel, built from this checkout, which its requirements.txt installs. The dry run prints all of it and touches no
+network.
 """
 
 from __future__ import annotations
@@ -21,10 +23,13 @@ from pathlib import Path
 
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, ModelCard, SpaceCard
 
+from linzoo import __version__ as linzoo_version
+from linzoo import modeling as linzoo_modeling
 from linzoo.evals.common import EVAL_DIR, NOT_MEASURED
 from linzoo.evals.registry import all_evals
+from linzoo.integrity import LINEAGE_FILE, recorded_digests, verify_folder
 
-from .card import build_card, checkpoint_info, default_base_model, eval_key, eval_results, read_results
+from .card import build_card, checkpoint_info, default_base_model, eval_key, eval_results, read_json, read_results
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib")
 UPLOAD_SUBFOLDERS = (EVAL_DIR,)  # travel with the weights; stage checkpoints and the like stay home
@@ -116,6 +121,17 @@ def upload_files(folder: Path) -> tuple[list[tuple[str, Path]], list[str]]:
     return files, skipped
 
 
+def check_repo_id(repo_id: str) -> None:
+    """A ReleaseError unless huggingface_hub's own validator (the one behind every HfApi call) accepts the id."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as err:
+        raise ReleaseError(f"{repo_id!r} is not a Hub repo id: {err} Give ORG/NAME, e.g. my-org/my-student-base.") \
+            from None
+
+
 def check_weights(files: list[tuple[str, Path | bytes]]) -> Check:
     name = "weights are safetensors only"
     pickles = [path for path, _ in files if path.lower().endswith(PICKLE_SUFFIXES)]
@@ -124,6 +140,41 @@ def check_weights(files: list[tuple[str, Path | bytes]]) -> Check:
                                   "(safe_serialization) or delete them")
     weights = [path for path, _ in files if path.endswith(".safetensors")]
     return Check(name, bool(weights), ", ".join(weights) if weights else "no .safetensors file")
+
+
+def check_intact(folder: Path) -> Check:
+    """`linzoo.integrity.verify_folder`: the JSON files parse, the weights open and equal their recorded sha256."""
+    name = "files intact, weights as recorded"
+    try:
+        verify_folder(folder)
+    except (ValueError, FileNotFoundError) as err:
+        return Check(name, False, str(err))
+    return Check(name, True, "sha256 as recorded in " + LINEAGE_FILE if recorded_digests(folder) else
+                 f"no sha256 recorded ({LINEAGE_FILE} of an older run, or none)")
+
+
+def check_code(folder: Path) -> Check:
+    """The folder's Python files are linzoo's installed modeling files, byte for byte, and every `auto_map` entry
+    (config.json, tokenizer_config.json) names one of them: loading it with trust_remote_code runs linzoo's code
+    only. Read, never imported."""
+    own = Path(linzoo_modeling.__file__).parent
+    name = f"Python files are linzoo {linzoo_version}'s own modeling files"
+    foreign = [p.name for p in sorted(folder.glob("*.py")) if p.name == "__init__.py" or not (own / p.name).is_file()]
+    differ = [p.name for p in sorted(folder.glob("*.py")) if p.name not in foreign
+              and p.read_bytes() != (own / p.name).read_bytes()]
+    entries = []
+    for config in ("config.json", "tokenizer_config.json"):
+        auto_map = (read_json(folder / config) or {}).get("auto_map") or {}
+        for ref in (r for v in auto_map.values() for r in (v if isinstance(v, list) else [v]) if r):
+            if "--" in ref or not (folder / f"{ref.rsplit('.', 1)[0]}.py").is_file():
+                entries.append(f"{config} auto_map {ref!r}")
+    if not (foreign or differ or entries):
+        return Check(name, True)
+    problems = ([f"differs from linzoo's own in {own}: {', '.join(differ)}"] if differ else []) + \
+               ([f"not linzoo's: {', '.join(foreign)}"] if foreign else []) + \
+               ([f"names code outside the folder's files: {', '.join(entries)}"] if entries else [])
+    return Check(name, False, "; ".join(problems) + ". Not run: copy linzoo's own files over them (or push with "
+                                                     "the linzoo that wrote them) and delete the others")
 
 
 _LOAD = """
@@ -139,9 +190,12 @@ print("LOADED", json.dumps({"module": type(model).__module__, "cls": type(model)
 """
 
 
+LOAD_CHECK = "loads with trust_remote_code in a fresh Python"
+
+
 def check_loads(folder: Path, timeout: int = 900) -> Check:
     """Load the folder in a fresh interpreter (sys.executable), offline, from an empty working directory."""
-    name = "loads with trust_remote_code in a fresh Python"
+    name = LOAD_CHECK
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
     with tempfile.TemporaryDirectory() as cwd:
         try:
@@ -178,6 +232,7 @@ def check_card(folder: Path, card: ModelCard) -> Check:
 def plan_checkpoint(folder, repo_id: str, private: bool = False, revision: str | None = None,
                     base_model: str | None = None, load_check: bool = True) -> RepoPlan:
     """The plan of one model repo: its files, the generated card and the three checks."""
+    check_repo_id(repo_id)
     folder = Path(folder)
     if not (folder / "config.json").is_file():
         raise ReleaseError(f"{folder} is not a model folder (no config.json).")
@@ -188,12 +243,14 @@ def plan_checkpoint(folder, repo_id: str, private: bool = False, revision: str |
     files, skipped = upload_files(folder)
     files.append(("README.md", str(card).encode()))
     info = checkpoint_info(folder)
-    checks = [check_weights(files), check_card(folder, card)]
+    checks = [check_weights(files), check_intact(folder), check_card(folder, card)]
     recorded = base_model or default_base_model(info)
     checks.append(Check("base_model is a Hub id", bool(card.data.base_model),
                         card.data.base_model or f"{recorded!r} is not a Hub id: pass --base-model ORG/NAME"))
-    if load_check:
-        checks.insert(0, check_loads(folder))
+    code = check_code(folder)
+    if load_check:  # the folder's Python runs only when it is linzoo's own
+        checks.insert(0, check_loads(folder) if code.ok else Check(LOAD_CHECK, False, "not run: see the check above"))
+    checks.insert(0, code)
     notes = []
     if (folder / "README.md").is_file() and (folder / "README.md").read_text() != str(card):
         notes.append("README.md in the folder differs from the regenerated card; the regenerated card is uploaded")
@@ -245,6 +302,7 @@ def plan_space(space_dir, repo_id: str, models: list[str], results: dict[str, Pa
     from huggingface_hub import hf_hub_url
     from packaging.specifiers import SpecifierSet
 
+    check_repo_id(repo_id)
     space_dir, wheel = Path(space_dir), Path(wheel)
     card = SpaceCard.load(space_dir / "README.md")
     card.data.models = [m for m in models if "/" in m]

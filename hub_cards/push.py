@@ -14,7 +14,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .plan import ReleaseError, add_existing_repo_flags, hub_error, hub_token, plan_checkpoint, repo_exists, upload
+from .plan import (ReleaseError, add_existing_repo_flags, check_repo_id, hub_error, hub_token, plan_checkpoint,
+                   repo_exists, upload)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,8 +34,9 @@ def push(args) -> int:
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError
 
+    check_repo_id(args.repo_id)  # cheap refusals first: an id the Hub refuses, no token, or a repo we may not touch
     api = exists = None
-    if not args.dry_run:  # cheap refusals first: no token, or a repo we may not touch
+    if not args.dry_run:
         api = HfApi(token=hub_token())
         exists = repo_exists(api, args.repo_id, "model", args.overwrite, args.create_pr)
     plan = plan_checkpoint(args.folder, args.repo_id, args.private, args.revision, args.base_model)

@@ -90,15 +90,16 @@ def _unreachable(spec: str, err: Exception) -> str:
 
 def read_config(spec: str) -> dict:
     """config.json of a model spec as a plain dict: read, never executed (for a Hub id only that file is fetched)."""
-    import json
-
     from transformers.utils import cached_file
+
+    from .integrity import read_json
 
     source = resolve(spec)
     try:
-        return json.loads(Path(cached_file(source, "config.json")).read_text())
+        path = cached_file(source, "config.json")
     except OSError as err:
         raise FileNotFoundError(_unreachable(spec, err)) from err
+    return read_json(path)
 
 
 def load_model(spec: str, dtype: torch.dtype | str | None = None, device: str | torch.device | None = None,
@@ -111,6 +112,8 @@ def load_model(spec: str, dtype: torch.dtype | str | None = None, device: str | 
 
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
+    from .integrity import verify_folder
+
     source = resolve(spec)
     config = read_config(spec)
     model_type = config.get("model_type")
@@ -118,6 +121,7 @@ def load_model(spec: str, dtype: torch.dtype | str | None = None, device: str | 
         raise ValueError(f"{spec!r} is a {model_type!r} model, which neither linzoo nor transformers knows: loading "
                          "it runs the repo's own Python. Pass trust_remote_code=True (--trust_remote_code) only "
                          "if you trust that code.")
+    verify_folder(source)  # a damaged or changed file is named here, not deep inside from_pretrained
     kwargs = {"dtype": dtype or torch.float32, "use_safetensors": True if safetensors_only else None}
     try:
         if model_type == "linzoo":

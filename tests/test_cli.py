@@ -9,6 +9,7 @@ empty. The runs start together (most of each is importing torch and transformers
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import types
@@ -28,19 +29,29 @@ RUNS = {
     **{f"quality {kind} data_dir": ["eval", "quality", "--model", "{student}", "--data_dir", f"{{data}}/{kind}",
                                     "--heldout_tokens", "0", "--limit", "1", "--device", "cpu"]
        for kind in ("empty", "incomplete")},
+    "NIAH past the positions": ["eval", "niah", "--model", "{teacher}", "--lengths", "600", "--device", "cpu"],
+    "NIAH --out a file": ["eval", "niah", "--model", "{student}", "--lengths", "128", "--out", "{data}/a-file"],
+    "quality --out a file": ["eval", "quality", "--model", "{student}", "--tasks", "piqa", "--out", "{data}/a-file"],
+    "truncated weights": ["eval", "niah", "--model", "{data}/truncated", "--lengths", "128", "--device", "cpu"],
+    "push bad repo id": ["push", "{student}", "--repo-id", "not a valid id!!", "--dry-run"],
+    "push path repo id": ["push", "{student}", "--repo-id", "../../etc/passwd", "--dry-run"],
     "--debug": ["eval", "niah", "--lengths", "-5", "--debug"],
     "LINZOO_DEBUG=1": (["eval", "niah", "--lengths", "-5"], "1"),
 }
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, tiny_student_dir):
+def runs(tmp_path_factory, tiny_student_dir, tiny_teacher_dir):
     """name -> (exit code, stderr lines) of `python -m linzoo.cli ...` for every entry of RUNS."""
     data = tmp_path_factory.mktemp("eval-data")
     (data / "empty").mkdir()
     (data / "incomplete").mkdir()
     (data / "incomplete" / "lambada_openai.jsonl").write_text(
         json.dumps({"context": "The pass key is", "continuation": "42"}) + "\n")
+    (data / "a-file").write_text("not a folder")
+    truncated = shutil.copytree(tiny_student_dir, data / "truncated")
+    with open(truncated / "model.safetensors", "r+b") as f:
+        f.truncate(1000)
     started = {}
     for name, spec in RUNS.items():
         args, debug = spec if isinstance(spec, tuple) else (spec, None)
@@ -49,7 +60,7 @@ def runs(tmp_path_factory, tiny_student_dir):
         env.update(LINZOO_CACHE=str(cwd / "linzoo-cache"), HF_HUB_OFFLINE="1")
         if debug:
             env["LINZOO_DEBUG"] = debug
-        args = [a.format(data=data, student=tiny_student_dir) for a in args]
+        args = [a.format(data=data, student=tiny_student_dir, teacher=tiny_teacher_dir) for a in args]
         started[name] = (cwd, subprocess.Popen([sys.executable, "-m", "linzoo.cli", *args], cwd=cwd, env=env,
                                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     results = {}
@@ -81,6 +92,12 @@ EXPECTED = {
     "negative NIAH length": ("linzoo eval niah: error:", "--lengths", "positive", "512,1024"),
     "quality empty data_dir": ("linzoo eval quality: error:", "--data_dir", "lambada_openai.jsonl", "piqa.jsonl"),
     "quality incomplete data_dir": ("linzoo eval quality: error:", "--data_dir", "winogrande.jsonl", "piqa.jsonl"),
+    "NIAH past the positions": ("linzoo eval niah: error: --lengths 600:", "512 positions", "up to 496"),
+    "NIAH --out a file": ("linzoo eval niah: error: --out", "a-file is not a folder", "give a folder"),
+    "quality --out a file": ("linzoo eval quality: error: --out", "a-file is not a folder", "give a folder"),
+    "truncated weights": ("linzoo eval niah: error:", "truncated/model.safetensors", "copy it again"),
+    "push bad repo id": ("linzoo push: error: 'not a valid id!!' is not a Hub repo id", "ORG/NAME"),
+    "push path repo id": ("linzoo push: error: '../../etc/passwd' is not a Hub repo id", "ORG/NAME"),
 }
 
 
@@ -102,10 +119,10 @@ def test_debug_shows_the_traceback(runs, name):
 
 @pytest.mark.parametrize("lengths,depths", [("-5", "0"), ("0", "0"), ("512,abc", "0"), ("", "0"), ("512", "1.5"),
                                             ("512", "-0.1"), ("512", "nan"), ("512", "")])
-def test_niah_arguments_refuse_bad_grids(lengths, depths):
+def test_niah_arguments_refuse_bad_grids(lengths, depths, tiny_student_dir):
     with pytest.raises(ValueError, match="--lengths .*positive|--depths .*\\[0, 1\\]"):
         NiahArguments(lengths=lengths, depths=depths)
-    NiahArguments(lengths="512, 1024,", depths="0, 0.5,1")  # spaces and a trailing comma are fine
+    NiahArguments(model=str(tiny_student_dir), lengths="512, 1024,", depths="0, 0.5,1")  # spaces, a trailing comma
 
 
 # In-process: what cli.py does with exceptions that no command raises on purpose.

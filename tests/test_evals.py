@@ -244,10 +244,12 @@ def test_real_tasks_end_to_end_with_tiny_llama(tmp_path, eval_data_dir):
 
 def test_mains_write_results(tmp_path, monkeypatch):
     import linzoo
+    from linzoo import loading
 
     tok = bpe_tokenizer(FILLER)
     monkeypatch.setattr(linzoo, "load_model", lambda spec: (tiny_llama(tok), tok), raising=False)
     monkeypatch.setattr(linzoo, "load_teacher", lambda spec: (tiny_llama(tok, seed=1), tok), raising=False)
+    monkeypatch.setattr(loading, "read_config", lambda spec: {})  # "m" and "t" name no folder
     filler = tmp_path / "filler.txt"
     filler.write_text("\n\n".join(FILLER))
     results = niah.main(["--model", "m", "--teacher", "t", "--lengths", "128", "--depths", "0,1", "--variant",

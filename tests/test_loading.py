@@ -77,7 +77,7 @@ def test_foreign_code_needs_trust_remote_code(foreign, marker):
     with pytest.raises(ValueError, match="trust_remote_code"):
         linzoo.load_teacher(str(foreign))
     with pytest.raises(ValueError, match="trust_remote_code"):
-        niah.main(["--model", str(foreign), "--device", "cpu"])  # the eval CLIs' --model
+        niah.main(["--model", str(foreign), "--lengths", "128", "--device", "cpu"])  # the eval CLIs' --model
 
 
 def test_the_flag_runs_it(foreign, marker):
@@ -105,3 +105,57 @@ def test_safetensors_only_refuses_pickled_weights(tiny_teacher_dir, tmp_path):
 
 def test_read_config_runs_nothing(foreign, marker):
     assert read_config(str(foreign))["model_type"] == "evilnet"
+
+
+# ---------------------------------------------------------------------------------------- integrity
+
+
+@pytest.fixture
+def recorded(tiny_student_dir, tmp_path, monkeypatch):
+    """A copy of the tiny student saved as a run saves it: with the weights' sha256 in linzoo_training.json."""
+    from linzoo.trainers.common import save_with_lineage
+
+    monkeypatch.setenv("LINZOO_CACHE", str(tmp_path / "cache"))
+    model, tokenizer = linzoo.load_model(str(tiny_student_dir))
+    save_with_lineage(model, tokenizer, tmp_path / "recorded", "base", "tiny", {})
+    return tmp_path / "recorded"
+
+
+def scribble(path, size, at=0.5):
+    """Overwrite `size` random bytes in the middle of a file (its header intact)."""
+    import os
+
+    with open(path, "r+b") as f:
+        f.seek(int(path.stat().st_size * at) - size // 2)
+        f.write(os.urandom(size))
+
+
+def test_a_run_records_its_weights_and_a_changed_file_is_named(recorded):
+    from linzoo.integrity import file_sha256
+
+    record = json.loads((recorded / "linzoo_training.json").read_text())
+    assert record["weights_sha256"] == {"model.safetensors": file_sha256(recorded / "model.safetensors")}
+    linzoo.load_model(str(recorded))  # hashes once and remembers this state of the file
+    scribble(recorded / "model.safetensors", 4096)  # the header still parses: only the digest can tell
+    with pytest.raises(ValueError, match=r"recorded/model.safetensors is not the file its run saved.*"
+                                         r"linzoo_training.json.*copy it again"):
+        linzoo.load_model(str(recorded))
+
+
+def test_truncated_weights_or_json_name_the_file(tiny_student_dir, tmp_path):
+    folder = shutil.copytree(tiny_student_dir, tmp_path / "student")
+    weights = folder / "model.safetensors"
+    with open(weights, "r+b") as f:
+        f.truncate(weights.stat().st_size // 2)
+    with pytest.raises(ValueError, match=r"student/model.safetensors is not a readable safetensors file.*truncated"):
+        linzoo.load_model(str(folder))
+    folder = shutil.copytree(tiny_student_dir, tmp_path / "student2")
+    (folder / "tokenizer.json").write_text((folder / "tokenizer.json").read_text()[:1000])
+    with pytest.raises(ValueError, match=r"student2/tokenizer.json is not valid JSON"):
+        linzoo.load_model(str(folder))
+
+
+def test_folders_without_a_record_load_as_before(tiny_teacher_dir, tiny_student_dir):
+    assert not (tiny_teacher_dir / "linzoo_training.json").exists()
+    assert type(linzoo.load_model(str(tiny_teacher_dir))[0]).__name__ == "LlamaForCausalLM"
+    assert linzoo.load_model(str(tiny_student_dir))[0].config.model_type == "linzoo"

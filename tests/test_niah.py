@@ -193,3 +193,70 @@ def test_run_niah_tiny_llama_and_save(tmp_path):
     json_path, png_path = niah.save_niah(results, tmp_path)
     assert json.loads(json_path.read_text()) == results
     assert png_path.name == "niah_heatmap.png" and png_path.read_bytes()[:4] == b"\x89PNG"
+
+
+# ---------------------------------------------------------------------------------------------- bounds
+
+
+def test_lengths_past_the_positions_are_refused_before_any_prompt():
+    tok = bpe_tokenizer(FILLER)
+    model = tiny_llama(tok)  # 1,024 positions
+    with pytest.raises(ValueError, match=r"--lengths 1020,4096: tiny takes 1024 positions and the answer needs 16 "
+                                         r"of them: give lengths up to 1008"):
+        niah.run_niah(model, tok, [128, 1020, 4096], [0.0], model_name="tiny")
+    gpt2 = {"model_type": "gpt2", "n_positions": 1024}  # under the name its config class maps it to
+    assert niah.position_limit(gpt2) == 1024
+    student = {"model_type": "linzoo", "max_position_embeddings": 8192, "layer_types": ["linear_attention"] * 2}
+    assert niah.position_limit(student) is None  # nothing indexed by position: memory alone bounds it
+    hybrid = {**student, "layer_types": ["linear_attention", "full_attention"]}
+    assert niah.position_limit(hybrid) == 8192
+
+
+def test_the_cli_checks_positions_from_config_json_before_loading(tiny_teacher_dir, tmp_path):
+    with pytest.raises(ValueError, match=r"--lengths 600: .*tiny-llama takes 512 positions"):
+        niah.NiahArguments(model=str(tiny_teacher_dir), lengths="128,600", out=str(tmp_path))
+    with pytest.raises(ValueError, match=r"--lengths 500: .*tiny-llama takes 512 positions.*up to 464"):
+        niah.NiahArguments(model=str(tiny_teacher_dir), teacher=str(tiny_teacher_dir), lengths="500", variant="uuid",
+                           out=str(tmp_path))
+
+
+def test_a_generation_that_cannot_fit_is_refused_with_its_estimate(monkeypatch):
+    import psutil
+
+    tok = bpe_tokenizer(FILLER)
+    model = tiny_llama(tok)
+    host, device = niah.generation_memory(model, [256], 10, 4, 16)
+    assert host > 0 and device > 0
+    memory = psutil.virtual_memory()._replace(available=(host + device) // 2)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: memory)
+    monkeypatch.setattr(niah, "build_haystack", lambda *a, **k: pytest.fail("built a prompt first"))
+    with pytest.raises(ValueError, match=r"NIAH up to 256 tokens, batch 4, needs about 0.0 GiB on cpu \(0.0 GiB "
+                                         r"available\): use shorter --lengths, a smaller --batch_size"):
+        niah.run_niah(model, tok, [256], [0.0], samples_per_cell=10, batch_size=4)
+
+
+def test_fifty_million_tokens_are_refused():
+    tok = bpe_tokenizer(FILLER)
+    host, device = niah.generation_memory(tiny_llama(tok), [50_000_000], 50, 4, 16)
+    assert host + device > 200 * 2**30  # beyond any machine we run on: check_memory refuses it
+
+
+@pytest.mark.parametrize("command", ["niah", "quality"])
+def test_out_is_checked_before_any_model_loads(command, tiny_teacher_dir, tmp_path, monkeypatch):
+    from linzoo.evals import quality
+
+    import linzoo
+
+    monkeypatch.setattr(linzoo, "load_model", lambda *a, **k: pytest.fail("loaded a model first"), raising=False)
+    main = niah.main if command == "niah" else quality.main
+    common = ["--model", str(tiny_teacher_dir), "--lengths" if command == "niah" else "--tasks",
+              "128" if command == "niah" else "piqa"]
+    a_file = tmp_path / "a-file"
+    a_file.write_text("results written before")
+    for out, why in ((a_file, "a-file is not a folder"), (a_file / "sub", "a-file is not a folder")):
+        with pytest.raises(ValueError, match=f"--out {re.escape(str(out))}: .*{why}"):
+            main([*common, "--out", str(out)])
+    assert a_file.read_text() == "results written before"
+    monkeypatch.setattr(niah.os, "access", lambda path, mode: False)
+    with pytest.raises(ValueError, match=f"--out {re.escape(str(tmp_path / 'new'))}: .* is not writable"):
+        main([*common, "--out", str(tmp_path / "new")])

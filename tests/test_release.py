@@ -228,6 +228,54 @@ def test_pickles_are_refused_and_checkpoints_stay_home(student, fast_load_check,
     assert "[FAIL] weights are safetensors only: refusing pickle files ['pytorch_model.bin']" in captured.out
 
 
+def test_dry_run_never_runs_a_folders_own_python(student, tmp_path, capsys):
+    """A hostile modeling file is refused by reading it: the load check that would import it does not run."""
+    marker = tmp_path / "remote code ran"
+    with open(student / "modeling_linzoo.py", "a") as f:
+        f.write(f"\nimport pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n")
+    (student / "tokenization_evil.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n")
+    with pytest.raises(plan.ReleaseError, match="a check failed; nothing was uploaded"):
+        push.main([str(student), "--repo-id", REPO, "--dry-run"])
+    out = capsys.readouterr().out
+    assert not marker.exists(), "the folder's own code ran"
+    assert "[FAIL] Python files are linzoo 0.1.0's own modeling files: differs from linzoo's own in" in out
+    assert "modeling_linzoo.py; not linzoo's: tokenization_evil.py" in out
+    assert "[FAIL] loads with trust_remote_code in a fresh Python: not run" in out
+
+
+def test_an_auto_map_outside_the_folders_files_is_refused(student):
+    config = json.loads((student / "config.json").read_text())
+    config["auto_map"]["AutoModelForCausalLM"] = "someone/else--modeling_evil.EvilForCausalLM"
+    (student / "config.json").write_text(json.dumps(config))
+    check = plan.check_code(student)
+    assert not check.ok and "config.json auto_map 'someone/else--modeling_evil.EvilForCausalLM'" in check.detail
+
+
+@pytest.mark.parametrize("repo_id", ["not a valid id!!", "../../etc/passwd", "a/b/c", "org/name.git"])
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_repo_ids_the_hub_refuses_are_refused_first(student, repo_id, dry_run, monkeypatch):
+    monkeypatch.setattr(plan, "check_loads", lambda folder: pytest.fail("checked the folder before the repo id"))
+    with pytest.raises(plan.ReleaseError, match=f"{re.escape(repr(repo_id))} is not a Hub repo id: .*ORG/NAME"):
+        push.main([str(student), "--repo-id", repo_id] + (["--dry-run"] if dry_run else []))
+
+
+def test_push_checks_the_recorded_weights(student, fast_load_check, capsys):
+    from linzoo.integrity import weights_record
+
+    (student / "linzoo_training.json").write_text(json.dumps({"stage": "base", **weights_record(student)}))
+    assert push.main([str(student), "--repo-id", REPO, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "[ok] files intact, weights as recorded: sha256 as recorded in linzoo_training.json" in out
+    weights = student / "model.safetensors"
+    with open(weights, "r+b") as f:
+        f.seek(weights.stat().st_size // 2)
+        f.write(bytes(1024))
+    with pytest.raises(plan.ReleaseError, match="a check failed"):
+        push.main([str(student), "--repo-id", REPO, "--dry-run"])
+    out = capsys.readouterr().out
+    assert f"[FAIL] files intact, weights as recorded: {weights} is not the file its run saved" in out
+
+
 def test_card_mismatch_is_caught(student):
     built = card.build_card(student, REPO)
     edited = ModelCard(str(built).replace("value: 0.305", "value: 0.35"))

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from ..integrity import LINEAGE_FILE, weights_record
+
 
 @dataclass
 class KDArguments:
@@ -75,7 +77,8 @@ def save_with_lineage(model, tokenizer, out, stage, parent, record):
     out = Path(out)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    (out / "linzoo_training.json").write_text(json.dumps({"stage": stage, "parent": parent, **record}, indent=1))
+    (out / LINEAGE_FILE).write_text(json.dumps({"stage": stage, "parent": parent, **record, **weights_record(out)},
+                                               indent=1))
 
 
 def train_and_save(trainer, model, tokenizer, args, model_args, stage, record):
