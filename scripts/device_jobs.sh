@@ -44,7 +44,7 @@ left() {  # what remains of LIMIT (and of the running campaign phase), for each 
 if [ -n "$DRY" ]; then  # the CPU rehearsal: every phase as on the GPU, tiny budgets (each can be overridden)
   TRAIN_TOKENS=${TRAIN_TOKENS:-768}
   TRAIN_ARGS=${TRAIN_ARGS:---max_seq_length 64 --per_device_train_batch_size 2 --bf16 false --logging_steps 1 --save_steps 2 --dataloader_pin_memory false}
-  NIAH_ARGS=${NIAH_ARGS:---lengths 64,128 --depths 0,1 --samples_per_cell 1 --batch_size 4}
+  NIAH_ARGS=${NIAH_ARGS:---lengths 128,256 --depths 0,1 --samples_per_cell 1 --batch_size 4}
   EVAL_ARGS=${EVAL_ARGS:---limit 2 --heldout_tokens 256 --batch_size 4}
   SPEED_ARGS=${SPEED_ARGS:---device cpu --batch 2 --seq_len 32 --iters 1}
 fi
@@ -141,7 +141,7 @@ wait_runs() {  # until no run holds its lock, or 20 s before LIMIT; prints each 
     busy=$(busy_runs)
     [ -z "$busy" ] && { echo "no run is training"; return 0; }
     if [ $((n++ % 12)) = 0 ]; then
-      for m in $busy; do echo "[$SECONDS s] $m: $(ls -t "$WORK"/runs/$m.*.log | head -1 | xargs tail -c 300 | tr '\r' '\n' | grep . | tail -1)"; done
+      for m in $busy; do echo "[$SECONDS s] $m: $(ls -t "$WORK"/runs/$m.*.log | head -1 | xargs tail -c 300 | tr '\r' '\n' | grep -a . | tail -1)"; done
     fi
     sleep 5
   done
@@ -168,8 +168,10 @@ run_eval() {  # teacher + every finished student: the five tasks (recovery, KL) 
   eval_job() {  # name quality|niah spec [flags...]; a job that succeeded in an earlier call (its .ok marker) is skipped
     local name=$1 kind=$2 spec=$3; shift 3
     [ -f "$WORK/eval/$name-$kind.ok" ] && return
+    rm -f "$WORK/eval/$name-$kind.failed"
     timeout "$(left)" python3 -m linzoo.cli eval "$kind" --model "$spec" --dtype bfloat16 --out "$WORK/eval/$name/$kind" \
-      "$@" >"$WORK/eval/$name-$kind.log" 2>&1 </dev/null && touch "$WORK/eval/$name-$kind.ok"
+      "$@" >"$WORK/eval/$name-$kind.log" 2>&1 </dev/null && touch "$WORK/eval/$name-$kind.ok" \
+      || touch "$WORK/eval/$name-$kind.failed"
     echo "$name $kind: exit $?"; tail -1 "$WORK/eval/$name-$kind.log"
   }
   throttle() {  # at most EVAL_JOBS background eval jobs at once (+ the teacher's quality job, in the foreground)
@@ -214,6 +216,15 @@ begin() { [ -f "$ST/$1.began" ] || date +%s >"$ST/$1.began"; STOP_AT=$(phase_end
 finish() {
   date +%s >"$ST/$1.ended"; STOP_AT=
   echo "campaign: $1 planned $(planned "$1") s, used $(($(cat "$ST/$1.ended") - $(cat "$ST/$1.began"))) s"
+}
+
+failures() {  # a run that ended without its student, an eval job that failed: one line each, with its log's last line
+  local m f
+  for m in $RUNS; do
+    [ -f "$WORK/runs/$m/linzoo_training.json" ] || [ -n "$(busy_runs | grep -w "$m")" ] \
+      || echo "run $m: $(ls -t "$WORK"/runs/$m.*.log 2>/dev/null | head -1 | xargs -r tail -n 1)"
+  done
+  for f in "$WORK"/eval/*.failed; do [ -f "$f" ] && echo "eval $(basename "$f" .failed): $(tail -n 1 "${f%.failed}.log")"; done
 }
 
 campaign_step() {  # the next phases of the plan, as far as this call goes; returns 1 when a later call must go on
@@ -270,10 +281,13 @@ campaign)
   exec > >(tee -a "$ST/campaign.log") 2>&1  # every call's output, in the report
   campaign_step; rc=$?
   [ $rc = 2 ] && { echo "campaign: stopped: fix the above and call again"; exit 2; }
+  failed=$(failures)
+  [ -n "$failed" ] && { echo "campaign: FAILED (what the others measured is packed all the same):"; echo "$failed"; }
+  if [ $rc = 0 ]; then echo "campaign: done; copy \$OUT (not triton-cache.tgz) into results/gpu/<date>/"
+  else echo "campaign: not finished: make the same call again"; fi
   save_triton
   plan report --campaign "$CAMPAIGN" --work "$WORK" --out "$OUT" || exit 2
-  if [ $rc = 0 ]; then echo "campaign: done; copy \$OUT (not triton-cache.tgz) into results/gpu/<date>/"
-  else echo "campaign: not finished: make the same call again"; fi ;;
+  [ -z "$failed" ] || exit 1 ;;
 start) start_runs ;;
 wait) wait_runs; pack_runs ;;
 parity)
