@@ -368,7 +368,7 @@ def main(argv=None):
                 print(f"{prog}: error: {e}", file=sys.stderr)
             if errors:
                 return 2
-            print(f"{prog}: ok: {len(c['runs'])} runs, evals {', '.join(c['eval']) or 'none'}, "
+            print(f"{prog}: ok: runs {', '.join(r[0] for r in c['runs']) or 'none'}; evals {', '.join(c['eval']) or 'none'}; "
                   f"imports {', '.join(needed_modules(c))}{' (CPU: ' + ', '.join(sorted(CUDA_ONLY)) + ' from the manifest only)' if args.dry else ''}")
         elif args.cmd == "size":
             bench = json.loads(Path(args.bench).read_text())
