@@ -278,15 +278,16 @@ def report(c, campaign, work, out):
     for f in sorted((work / "eval").glob("*/*/*.json")):  # <model>/<kind>/<kind>.json
         evals.setdefault(f.parts[-3], {})[f.stem] = json.loads(f.read_text())
     (out / "eval.json").write_text(json.dumps(evals, indent=1))
-    with tarfile.open(out / "details.tgz", "w:gz") as tar:
-        for sub in ("runs", "eval", "campaign/speed"):
-            for p in sorted((work / sub).rglob("*")) if (work / sub).is_dir() else []:
-                if p.is_file() and (p.suffix in (".log", ".png", ".json") and "checkpoint-" not in str(p)):
-                    tar.add(p, arcname=str(p.relative_to(work)))
+    with tarfile.open(out / "details.tgz", "w:gz") as tar:  # records and logs, never weights or tokenizers
+        for pattern in ("runs/*.log", "runs/*/linzoo_training.json", "runs/*/config.json", "runs/*/stage*/stage_done.json",
+                        "eval/*.log", "eval/*/*/*.json", "eval/*/*/*.png", "campaign/speed/*", "campaign/size.txt"):
+            for p in sorted(work.glob(pattern)):
+                tar.add(p, arcname=str(p.relative_to(work)))
     done = all(t["state"] == "done" for t in times)
     lines = [f"# GPU campaign `{Path(campaign).name}` — {time.strftime('%Y-%m-%d')}", "",
              f"Card: {card}. {'Complete' if done else 'Partial: the campaign had not finished when this was packed'}. "
-             f"Made by `CAMPAIGN={campaign} bash scripts/device_jobs.sh campaign` (see README, Firing the GPU campaign).",
+             f"Made by `CAMPAIGN={os.path.relpath(campaign, ROOT)} bash scripts/device_jobs.sh campaign` (README: "
+             "Firing the GPU campaign).",
              "", "## Time: planned vs used", "", "| phase | planned s | used s | state |", "|---|---|---|---|"]
     lines += [f"| {t['phase']} | {t['planned_s']:g} | {_fmt(t['used_s'], 'd')} | {t['state']} |" for t in times]
     lines += ["", "## Speed (`speed.json`)", "", "| mixer | fwd+bwd tok/s | stage 1 | stage 2 | stage 3 | s1/s3 | s2/s3 "

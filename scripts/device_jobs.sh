@@ -230,6 +230,8 @@ failures() {  # a run that ended without its student, an eval job that failed: o
 campaign_step() {  # the next phases of the plan, as far as this call goes; returns 1 when a later call must go on
   [ -f "$ST/start" ] || date +%s >"$ST/start"
   plan show "$CAMPAIGN" phase >"$ST/plan" || return 2
+  [ "$(awk '{printf "%s ", $1}' "$ST/plan")" = "speed train eval " ] \
+    || { echo "campaign: $CAMPAIGN plans no phases: it needs the lines phase speed|train|eval SECONDS"; return 2; }
   if [ ! -f "$ST/checked" ]; then  # before any GPU minute goes to a plan that cannot run
     plan check "$CAMPAIGN" --dev "$DEV" --teacher "$TEACHER" --train_args "${TRAIN_ARGS:-}" ${DRY:+--dry} || return 2
     touch "$ST/checked"
@@ -251,7 +253,8 @@ campaign_step() {  # the next phases of the plan, as far as this call goes; retu
         --seconds "$(planned train)" --train_args "${TRAIN_ARGS:-}" --out "$ST/sized.runs" >"$ST/size.txt"; then
       cat "$ST/size.txt"
     else
-      echo "campaign: the speed phase measured no stage speeds; the runs get their lines' tokens" | tee "$ST/size.txt"
+      echo "campaign: the speed phase measured no stage speeds: the runs get their lines' tokens, and the train" \
+        "phase's deadline stops them" | tee "$ST/size.txt"
       plan show "$CAMPAIGN" run >"$ST/sized.runs"
     fi
   fi
