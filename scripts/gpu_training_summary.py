@@ -36,14 +36,9 @@ def from_logs(logs):
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("runs_dir")
-    ap.add_argument("--card", required=True, help="the GPU, e.g. the output of nvidia-smi --query-gpu=name,...")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--note", default="", help="how the runs were made (concurrency, known defects)")
-    args = ap.parse_args()
-    root = Path(args.runs_dir)
+def summarize(root):
+    """{run name: {finished, total_tokens, stages, attempts}} of the runs under `root` (records, else their logs)."""
+    root = Path(root)
     mixers = sorted({p.name.split(".")[0] for p in root.glob("*.log")} | {p.parent.name for p in root.glob("*/linzoo_training.json")})
     runs = {}
     for m in mixers:
@@ -54,6 +49,17 @@ def main():
             runs[m] = {"finished": True, "total_tokens": r["total_tokens"], "stages": r["stages"], "attempts": len(logs)}
         else:
             runs[m] = {"finished": False, "stages": from_logs(logs), "attempts": len(logs)}
+    return runs
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("runs_dir")
+    ap.add_argument("--card", required=True, help="the GPU, e.g. the output of nvidia-smi --query-gpu=name,...")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--note", default="", help="how the runs were made (concurrency, known defects)")
+    args = ap.parse_args()
+    runs = summarize(args.runs_dir)
     result = {"card": args.card.strip(), "note": args.note, "runs": runs}
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"{'mixer':15s} {'stage':27s} {'tokens':>11s} {'tok/s':>7s} {'first loss':>10s} {'final loss':>10s}")

@@ -150,6 +150,34 @@ def test_linearize_three_stages_then_resume(tiny_teacher_dir, tiny_corpus, tmp_p
     assert len(summary) == 3 and all(line.endswith(("(steady)", "(wall)")) for line in summary)
 
 
+def test_stage_deadline_shares_the_time_left_by_tokens():
+    from linzoo.trainers.deadline import stage_deadline
+
+    tokens = [100, 200, 700]
+    assert stage_deadline(1000.0, tokens, 0, now=0.0) == pytest.approx(100.0)  # 10 % of the 1000 s left
+    assert stage_deadline(1000.0, tokens, 1, now=50.0) == pytest.approx(50.0 + 950.0 * 2 / 9)  # stage 1 left 50 s over
+    assert stage_deadline(1000.0, tokens, 2, now=400.0) == pytest.approx(1000.0)  # the last stage: all that is left
+    assert stage_deadline(1000.0, tokens, 1, now=2000.0) == 2000.0  # past the deadline: stop after the first step
+
+
+def test_linearize_stops_each_stage_at_the_deadline_and_saves(tiny_teacher_dir, tiny_corpus, tmp_path, capsys):
+    from linzoo.trainers import linearize
+
+    out = tmp_path / "run"
+    # 1 s is over before stage 1 starts (loading, packing, the fitted start): every stage stops after its first step
+    argv = _linearize_argv(tiny_teacher_dir, tiny_corpus, out, extra=("--max_wall_seconds", "1"))
+    assert linearize.main(argv) == 0
+    record = json.loads((out / "linzoo_training.json").read_text())
+    assert [s["stage"] for s in record["stages"]] == [s for s, _ in linearize.STAGES]
+    for s in record["stages"]:
+        assert s["stopped_at_deadline"] and s["steps"] == 1 < s["planned_steps"], s
+        assert s["tokens"] == 2 * 32 and list((out / s["stage"]).glob("checkpoint-1"))  # saved where it stopped
+    assert "stopped at its deadline after 1 of" in capsys.readouterr().out
+    _loads(out)
+    with pytest.raises(ValueError, match="max_wall_seconds must be >= 0"):
+        LinearizeConfig(output_dir=str(tmp_path), max_wall_seconds=-1)
+
+
 def test_gradient_accumulation_keeps_the_loss_scale(tiny_teacher_dir, tiny_corpus, tmp_path):
     """Batch 2 x 1 and batch 1 x 2 accumulation log the same loss for the same rows (learning rate 0): our losses are
     per-micro-batch means, so the Trainer must divide them by the accumulation steps (it did not, since the model's

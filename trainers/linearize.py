@@ -23,6 +23,7 @@ from transformers.trainer_utils import get_last_checkpoint
 from trl import TrlParser
 
 from .common import save_with_lineage, steps_for_tokens
+from .deadline import WallClockDeadline, stage_deadline
 from .linearize_config import LinearizeConfig
 from .linearize_trainer import AttentionTransferTrainer, HiddenAlignmentTrainer, KnowledgeDistillationTrainer
 
@@ -65,7 +66,7 @@ def set_trainable(student, what):
         p.requires_grad_(in_mixer or what == "all")
 
 
-def run_stage(index, student, teacher, tokenizer, dataset, args):
+def run_stage(index, student, teacher, tokenizer, dataset, args, deadline=None):
     name, trainer_cls = STAGES[index]
     stage_dir = Path(args.output_dir) / name
     steps, per_step = steps_for_tokens(args.stage_tokens()[index], args, args.max_seq_length)
@@ -76,6 +77,9 @@ def run_stage(index, student, teacher, tokenizer, dataset, args):
     set_trainable(student, args.stage_trainable[index])
     trainer = trainer_cls(model=student, args=cfg, train_dataset=dataset, processing_class=tokenizer,
                           teacher_model=teacher)
+    stop = WallClockDeadline(stage_deadline(deadline, args.stage_tokens(), index)) if deadline else None
+    if stop:
+        trainer.add_callback(stop)
     resume = get_last_checkpoint(str(stage_dir)) if stage_dir.is_dir() else None
     if resume:
         print(f"linzoo: resuming {name} from {resume}")
@@ -85,16 +89,20 @@ def run_stage(index, student, teacher, tokenizer, dataset, args):
     seconds = time.time() - start
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     done_before = int(Path(resume).name.split("-")[-1]) if resume else 0  # steps of an earlier, killed run
+    done = trainer.state.global_step  # = steps, unless the deadline stopped the stage early
     steady = sorted(trainer.throughput_log)
     summary = {
-        "stage": name, "steps": steps, "tokens": steps * per_step, "seconds": round(seconds, 1),
+        "stage": name, "steps": done, "tokens": done * per_step, "seconds": round(seconds, 1),
         "resumed_at_step": done_before if resume else None,
         # this run's tokens over its wall time (start-up, compilation and saving included) ...
-        "tokens_per_second": round((steps - done_before) * per_step / seconds, 1),
+        "tokens_per_second": round((done - done_before) * per_step / seconds, 1),
         # ... and the median over logging intervals after the first (the training loop's own speed)
         "tokens_per_second_steady": steady[len(steady) // 2] if steady else None,
         "first_loss": losses[0] if losses else None, "final_loss": losses[-1] if losses else result.training_loss,
     }
+    if stop and stop.stopped:
+        summary.update(planned_steps=steps, stopped_at_deadline=True)
+        print(f"linzoo: {name} stopped at its deadline after {done} of {steps} steps; saved")
     trainer.save_model(str(stage_dir))
     if trainer.is_world_process_zero():
         (stage_dir / "stage_done.json").write_text(json.dumps(summary, indent=1))
@@ -151,6 +159,7 @@ def linearize_run(args: LinearizeConfig):
     from ..data import load_chat_dataset, load_text_dataset, pack_dataset, with_chats, with_repeats
     from ..modeling import LinzooForCausalLM
 
+    deadline = time.time() + args.max_wall_seconds if args.max_wall_seconds else None  # from the command's start
     teacher, tokenizer = load_teacher(args.teacher)
     check_compatible(teacher, tokenizer, args.max_seq_length)
     text = with_repeats(load_text_dataset(args.dataset, split="train"), args.repeat_every, args.seed)
@@ -182,7 +191,7 @@ def linearize_run(args: LinearizeConfig):
                       f"{report['seconds']} s (mean attention-output error on them {sum(errors) / max(len(errors), 1):.3f})")
         if args.stage_tokens()[index] == 0:
             continue
-        summaries.append(run_stage(index, student, teacher, tokenizer, dataset, args))
+        summaries.append(run_stage(index, student, teacher, tokenizer, dataset, args, deadline))
     for p in student.parameters():
         p.requires_grad_(True)
     student.config.teacher = args.teacher if args.teacher != "embedded" else teacher.config._name_or_path

@@ -63,6 +63,12 @@ class LinearizeConfig(SFTConfig, KDArguments):
         metadata={"help": "Tokens of the training text (rows of at most 512) the fresh student is fitted to the teacher "
                           "on before stage 1 (linzoo.calibrate; results/init/). 0: the plain start."},
     )
+    max_wall_seconds: float = field(
+        default=0,
+        metadata={"help": "Wall-clock limit of the whole command in seconds (0: none). A stage that reaches its share of "
+                          "the time left stops, saves and the run goes on, so a student is always saved "
+                          "(linzoo.trainers.deadline)."},
+    )
     # Defaults for a linearization run (overridable like any TrainingArguments field).
     report_to: list[str] | str | None = field(default="none", metadata={"help": "Trackers (e.g. wandb) or 'none'."})
     logging_steps: float = field(default=10, metadata={"help": "Log every N steps."})
@@ -88,6 +94,8 @@ class LinearizeConfig(SFTConfig, KDArguments):
             raise ValueError(f"chat_fraction must lie in [0, 1), got {self.chat_fraction}.")
         if self.calibration_tokens < 0:
             raise ValueError(f"calibration_tokens must be >= 0 (0: no fit), got {self.calibration_tokens}.")
+        if self.max_wall_seconds < 0:
+            raise ValueError(f"max_wall_seconds must be >= 0 (0: no limit), got {self.max_wall_seconds}.")
         if self.total_tokens <= 0 or self.max_seq_length <= 0:
             raise ValueError("total_tokens and max_seq_length must be positive.")
         self.check_kd()
