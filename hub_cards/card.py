@@ -20,9 +20,9 @@ from pathlib import Path
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from linzoo.evals import niah, quality
+from linzoo.formatting import NOT_MEASURED, format_bytes, measured
+from linzoo.modeling.configuration_linzoo import state_sizes
 from linzoo.modeling.mixers import MIXER_CLASSES
-
-from .space import NOT_MEASURED, format_bytes, measured, state_sizes
 
 TEMPLATE = Path(__file__).with_name("template.md")
 STAGES = ("base", "instruct", "instruct-distilled")

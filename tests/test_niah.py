@@ -11,7 +11,7 @@ from test_evals import FILLER, bpe_tokenizer, tiny_llama
 from torch import nn
 
 from linzoo.evals import niah
-from linzoo.hub_cards import space
+from linzoo.spaces.niah import niah_space as space
 
 NIAH_KEYS = {"schema", "model", "variant", "needle", "prompt_format", "filler", "lengths", "depths",
              "samples_per_cell", "accuracy", "accuracy_se", "mean_by_length", "mean_by_length_se", "overall",

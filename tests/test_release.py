@@ -383,7 +383,7 @@ def test_push_zoo_dry_run_lists_the_matrix(zoo, fast_load_check, no_network, cap
 
 
 def test_space_plan_checks_its_install(linzoo_wheel, tmp_path):
-    space_dir = shutil.copytree(push_zoo.APP.parent, tmp_path / "niah")
+    space_dir = shutil.copytree(push_zoo.SPACE_DIR, tmp_path / "niah")
     models = ["tester/linzoo-gated-deltanet-base", "embedded"]
     planned = plan.plan_space(space_dir, "tester/linzoo-niah", models, {}, linzoo_wheel, private=True)
     assert planned.ok and planned.variables == {"LINZOO_SPACE_MODELS": ",".join(models)}

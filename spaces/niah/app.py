@@ -1,10 +1,11 @@
 """Needle in a haystack: ask linzoo's linear students (and their softmax teacher) for a pass key hidden
 in long text, and compare their fixed recurrent state with the teacher's growing KV cache.
-Only UI wiring lives here; the logic is `linzoo.hub_cards.space` and `linzoo.evals.niah`."""
+Only UI wiring lives here; the logic is `niah_space` beside it and `linzoo.evals.niah`, installed with linzoo
+(on the Hub from the wheel in the Space repo), so this file runs alike as `python app.py` and `linzoo space`."""
 
 import gradio as gr
 
-from linzoo.hub_cards import space
+from linzoo.spaces.niah import niah_space as space
 
 
 def build_demo(models: list[str], results: list) -> gr.Blocks:
@@ -53,6 +54,13 @@ def build_demo(models: list[str], results: list) -> gr.Blocks:
     return demo
 
 
-if __name__ == "__main__":  # what the Hub runs
+def main(argv: list[str] | None = None) -> int:
+    """`python app.py` on the Hub (no flags: its environment says everything), `linzoo space [flags]` locally."""
+    host, port = space.apply_flags(argv)
     results = space.results_paths()
-    space.launch(build_demo(space.default_models(), results), results)
+    space.launch(build_demo(space.default_models(), results), results, host, port)
+    return 0
+
+
+if __name__ == "__main__":
+    main()
