@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -28,6 +29,7 @@ from test_loading import AUTO_MAP, edit_config, marker, plant  # noqa: F401 (mar
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import linzoo
+import linzoo.loading
 from linzoo.evals import niah, quality
 from linzoo.formatting import format_bytes
 from linzoo.hub_cards import plan
@@ -97,6 +99,48 @@ def test_query_validation():
         space.run_query(["/etc"], 512, 0.5, allowed=["embedded"])
 
 
+@pytest.mark.parametrize("field, value", [
+    ("context_len", float("inf")), ("context_len", float("nan")), ("context_len", -1), ("context_len", 1e9),
+    ("context_len", 1000.5), ("depth", 2), ("depth", -0.1), ("depth", float("nan")), ("seed", 1e30),
+    ("seed", float("inf")), ("seed", -1), ("seed", 1.5), ("seed", "7; rm -rf /")])
+def test_numbers_are_checked_before_loading(field, value, tiny_teacher_dir, monkeypatch):
+    monkeypatch.setattr(space, "load", lambda spec: pytest.fail(f"{spec} was loaded"))
+    query = {"context_len": 256, "depth": 0.5, "seed": 7, field: value}
+    name = {"context_len": r"Context length \(tokens\) must be a whole number in 64\.\.4096",
+            "depth": r"Needle depth must be a number in 0\.\.1", "seed": r"Seed must be a whole number in 0\.\.4294967295"}
+    with pytest.raises(ValueError, match=rf"^{name[field]} on this Space, got {re.escape(repr(value))}\.$"):
+        space.run_query([str(tiny_teacher_dir)], query["context_len"], query["depth"], "passkey", query["seed"],
+                        allowed=[str(tiny_teacher_dir)])
+
+
+class NoTokenizer:
+    def __call__(self, *args, **kwargs):
+        pytest.fail("the tokenizer read the haystack")
+
+    apply_chat_template = __call__
+
+
+def test_a_long_haystack_is_refused_before_the_tokenizer_reads_it(tiny_teacher_dir, monkeypatch):
+    haystack = "The secret code is 42. " * (space.MAX_CUSTOM_CHARS // 23 + 1)
+    refusal = rf"^Your haystack and question have {len(haystack) + len(QUESTION):,} characters; this Space reads at most"
+    with pytest.raises(ValueError, match=refusal):
+        space.custom_sample(NoTokenizer(), haystack, QUESTION, "42")
+    monkeypatch.setattr(space, "load", lambda spec: pytest.fail(f"{spec} was loaded"))
+    with pytest.raises(ValueError, match=refusal):
+        space.run_query([str(tiny_teacher_dir)], 256, 0.5, "custom", 0, "raw", haystack, QUESTION, "42",
+                        allowed=[str(tiny_teacher_dir)])
+
+
+def test_cards_import_nothing_of_the_space():
+    """A card depends on the results and the model, not on the demo: importing card (and push, which writes cards)
+    in a fresh process loads no module of the Space, wherever it lives (the one with `run_query`)."""
+    probe = ("import sys, linzoo.hub_cards.card, linzoo.hub_cards.push; print([name for name, module in "
+             "sys.modules.items() if name.startswith('linzoo') and (hasattr(module, 'run_query') or "
+             "name.startswith('linzoo.spaces'))])")
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"
+
+
 def test_space_metadata_matches_the_installed_gradio():
     card = SpaceCard.load(SPACE_DIR / "README.md")
     assert (card.data.sdk, card.data.app_file, card.data.license) == ("gradio", "app.py", "apache-2.0")
@@ -132,6 +176,41 @@ def test_only_the_owners_models_load(tiny_student_dir, tiny_teacher_dir, tmp_pat
     _, rows = custom_query([str(student)], allowed=[str(student)])
     assert rows[0][0] == str(student)
     assert type(space.load(str(student))[0]).__module__ == "linzoo.modeling.modeling_linzoo"
+
+
+def test_concurrent_queries_load_a_model_once_and_answer_as_one_query_alone(tiny_teacher_dir, monkeypatch):
+    """Eight queries at once for a model not yet loaded: one load, and each answer what one query alone gets (the
+    tiny teacher ties its embeddings, which overlapping loads used to leave untied)."""
+    spec = str(tiny_teacher_dir)
+    loads = []
+
+    def counted(*args, **kwargs):
+        loads.append(args[0])
+        return load_model(*args, **kwargs)
+
+    def query():
+        return space.run_query([spec], CONTEXT, 0.5, "passkey", 7, allowed=[spec])
+
+    load_model = linzoo.loading.load_model
+    monkeypatch.setattr(linzoo.loading, "load_model", counted)
+    space._loaded.cache_clear()
+    answers = [None] * 8
+
+    def ask(i):
+        answers[i] = query()
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(answers))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert loads == [spec]
+    space._loaded.cache_clear()
+    html, (alone,) = query()
+    assert len(loads) == 2
+    without_seconds = [*alone[:4], *alone[5:]]
+    assert all(shown == html and [*row[:4], *row[5:]] == without_seconds for shown, (row,) in answers)
+    space._loaded.cache_clear()
 
 
 def test_oversized_model_is_refused_before_loading(tmp_path, monkeypatch):
@@ -232,6 +311,30 @@ def test_client_cannot_name_a_model(served, tiny_teacher_dir):
     for typed in (str(tiny_teacher_dir), "someone/their-model"):
         with pytest.raises(Exception, match="not in the list of choices"):
             Client(url, verbose=False).predict([typed], CONTEXT, 0.5, "passkey", 0, "raw", "", "", "", api_name="/ask")
+
+
+def test_app_refuses_numbers_in_one_line(served):
+    """Through Gradio's HTTP API (JSON as Python writes it, NaN and Infinity included): a one-line message each."""
+    url, spec = served
+
+    def ask(context_len, depth, seed) -> dict:
+        body = json.dumps({"data": [[spec], context_len, depth, "passkey", seed, "raw", "", "", ""]}).encode()
+        request = urllib.request.Request(f"{url}gradio_api/call/ask", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request) as response:
+            event = json.load(response)["event_id"]
+        with urllib.request.urlopen(f"{url}gradio_api/call/ask/{event}") as response:
+            kind, data = response.read().decode().strip().splitlines()[:2]
+        assert kind == "event: error"
+        return json.loads(data.removeprefix("data: "))
+
+    nan, inf = float("nan"), float("inf")
+    for args, message in [((nan, 0.5, 0), "Context length (tokens) must be a whole number in 64..4096 on this Space"),
+                          ((CONTEXT, nan, 0), "Needle depth must be a number in 0..1 on this Space, got nan."),
+                          ((CONTEXT, 0.5, nan), "Seed must be a whole number in 0..4294967295 on this Space, got nan."),
+                          ((CONTEXT, 0.5, 1.5), "Seed must be a whole number in 0..4294967295 on this Space, got 1.5."),
+                          ((CONTEXT, 0.5, inf), "Value inf is greater than maximum value 4294967295."),  # Gradio's
+                          ((inf, 0.5, 0), "Value inf is greater than maximum value 4096.")]:
+        assert ask(*args)["error"].startswith(message), args
 
 
 def test_client_results_tab(served):

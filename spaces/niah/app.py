@@ -33,7 +33,9 @@ def build_demo(models: list[str], results: list) -> gr.Blocks:
                 context = gr.Slider(128, space.MAX_CONTEXT, value=1024, step=128, label="context length (tokens)",
                                     elem_id="context")
                 depth = gr.Slider(0, 1, value=0.5, step=0.05, label="needle depth (0 = start, 1 = end)")
-                seed = gr.Number(0, precision=0, label="seed (picks the needle and the filler)")
+                # No precision=0: Gradio's int() of NaN would fail raw; run_query refuses what is not whole.
+                seed = gr.Number(0, minimum=0, maximum=space.MAX_SEED, step=1, label="seed (picks the needle and "
+                                 "the filler)")
             with gr.Accordion("Your own haystack (needle: custom)", open=False, elem_id="custom"):
                 haystack = gr.Textbox(lines=6, label="haystack", elem_id="custom-haystack")
                 question = gr.Textbox(label="question", elem_id="custom-question")
