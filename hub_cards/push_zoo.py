@@ -26,7 +26,7 @@ from .plan import (ReleaseError, add_existing_repo_flags, build_wheel, hub_error
                    plan_space, repo_exists, upload)
 
 SPACE_NAME = "linzoo-niah"
-SPACE_DIR = Path(niah.__file__).parent  # spaces/niah of this checkout
+SPACE_DIR = Path(niah.__file__).parent  # a checkout's spaces/niah (the wheel carries its Python only)
 COLLECTION_TITLE = "linzoo: linearized SmolLM2 students"
 
 
