@@ -17,13 +17,10 @@ from typing import Callable
 
 import torch
 
+from linzoo.formatting import NOT_MEASURED, measured  # noqa: F401 (what every eval's card section and table use)
+
 EVAL_DIR = "eval"  # a checkpoint's results live in <checkpoint>/eval/<results file>
-NOT_MEASURED = "not measured"
 
-
-def measured(value, pattern: str = "{:.3f}") -> str:
-    """A result as text; "not measured" where there is none (never a filled-in number)."""
-    return NOT_MEASURED if value is None else pattern.format(value)
 
 
 def _nothing(*args) -> list:
@@ -35,6 +32,7 @@ class EvalSpec:
     """What an eval declares. Everything that lists, reads, shows or uploads eval results is derived from these.
 
     name: `linzoo eval <name>` and the key of its results in `read_results`;
+    title: what its results are called where they are shown (the Space's table);
     help: the command's one-line description;
     schema: the `"schema"` its results file carries (files of another schema are not this eval's);
     result_file: its JSON, `<checkpoint>/eval/<result_file>`; figures: the PNGs written beside it;
@@ -47,6 +45,7 @@ class EvalSpec:
     """
 
     name: str
+    title: str
     help: str
     schema: str
     result_file: str

@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 EVAL = EvalSpec(
-    name="heads", help="retrieval heads: per-head copy score and per-layer ablation on passkey prompts (JSON + heatmap)",
+    title="retrieval heads", name="heads", help="retrieval heads: per-head copy score and per-layer ablation on passkey prompts (JSON + heatmap)",
     schema=SCHEMA, result_file="heads.json", figures=("heads.png",), main=main, card_section=card_section,
     space_headers=("model", "top retrieval heads", "key log-prob", "softmax layers"),
     space_row=lambda d: [d["model"], describe_top(d), f"{d['key_logprob']:.2f}", ", ".join(map(str, d["attn_layers"]))],

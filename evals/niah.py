@@ -284,7 +284,7 @@ def check_positions(config: dict, lengths: list[int], new_tokens: int, name: str
 TOKENIZE_BYTES, KEPT_BYTES = 640, 2 * 6
 # One prefill's activations per prompt token in floats of the model's dtype, per unit of hidden_size and of
 # intermediate_size: fitted to the peak memory of the 135M shape on CPU in fp32, 1,024-2,048 tokens x 2 rows
-# (gated_deltanet 93-132 KB a token, Llama 80-153 KB with its KV cache).
+# (a Gated DeltaNet student 93-132 KB a token, Llama 80-153 KB with its KV cache).
 PREFILL_FLOATS = (32, 8)
 
 
@@ -546,7 +546,7 @@ def space_row(data: dict) -> list:
 
 
 EVAL = EvalSpec(
-    name="niah", help="needle-in-a-haystack retrieval (JSON + heatmap)", schema=SCHEMA, result_file="niah.json",
+    title="NIAH", name="niah", help="needle-in-a-haystack retrieval (JSON + heatmap)", schema=SCHEMA, result_file="niah.json",
     figures=("niah_heatmap.png",), main=main, card_results=card_results, card_section=card_section,
     space_headers=("model", "variant", "prompt", "overall", "accuracy by length"), space_row=space_row,
     space_caption=lambda d: f"{d['model']}: NIAH {d.get('variant', d['needle'])}, overall {d['overall']:.2f}")

@@ -494,7 +494,7 @@ def space_row(data: dict) -> list:
 
 
 EVAL = EvalSpec(
-    name="quality", help="zero-shot tasks, perplexity, KL and teacher recovery (JSON + bars)", schema=SCHEMA,
+    title="teacher recovery", name="quality", help="zero-shot tasks, perplexity, KL and teacher recovery (JSON + bars)", schema=SCHEMA,
     result_file="quality.json", figures=("quality.png",), main=main, card_results=card_results,
     card_section=card_section, space_row=space_row,
     space_headers=("model", "teacher", *TASKS, "above chance (average)", "average", "a uniform guess's average",

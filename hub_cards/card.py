@@ -19,11 +19,11 @@ from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from linzoo.evals.common import EVAL_DIR, NOT_MEASURED, measured
+from linzoo.evals.common import EVAL_DIR
 from linzoo.evals.registry import all_evals
+from linzoo.formatting import NOT_MEASURED, format_bytes, measured
+from linzoo.modeling.configuration_linzoo import state_sizes
 from linzoo.modeling.mixers import MIXER_CLASSES
-
-from .space import format_bytes, state_sizes
 
 TEMPLATE = Path(__file__).with_name("template.md")
 STAGES = ("base", "instruct", "instruct-distilled")

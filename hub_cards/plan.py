@@ -313,8 +313,10 @@ def plan_space(space_dir, repo_id: str, models: list[str], results: dict[str, Pa
         requirements[i] = f"linzoo @ {url}"
     files: list[tuple[str, Path | bytes]] = [("README.md", str(card).encode()),
                                              ("requirements.txt", ("\n".join(requirements) + "\n").encode())]
+    # The folder's Python besides app.py (the Space's logic, `linzoo.spaces.<name>`) reaches the Space in the wheel.
     files += [(p.name, p) for p in sorted(space_dir.iterdir()) if p.is_file() and not p.name.startswith(".")
-              and p.name not in ("README.md", "requirements.txt") and p.suffix != ".whl"]
+              and p.name not in ("README.md", "requirements.txt") and p.suffix != ".whl"
+              and (p.suffix != ".py" or p.name == "app.py")]
     files.append((wheel.name, wheel))
     for name, eval_dir in results.items():
         files += [(f"results/{name}/{f}", eval_dir / f) for spec in all_evals() for f in spec.files

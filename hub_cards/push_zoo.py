@@ -20,13 +20,14 @@ from pathlib import Path
 
 from linzoo import MIXERS
 from linzoo.evals.common import EVAL_DIR
+from linzoo.spaces import niah
 
 from .card import STAGES, checkpoint_info, is_hub_id
 from .plan import (ReleaseError, add_existing_repo_flags, build_wheel, hub_error, hub_token, plan_checkpoint,
                    plan_space, repo_exists, upload)
-from .space import APP
 
 SPACE_NAME = "linzoo-niah"
+SPACE_DIR = Path(niah.__file__).parent  # a checkout's spaces/niah (the wheel carries its Python only)
 COLLECTION_TITLE = "linzoo: linearized SmolLM2 students"
 
 
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--org", required=True, help="Hub user or organisation")
     parser.add_argument("--execute", action="store_true", help="really upload (default: print the plan only)")
     parser.add_argument("--private", action="store_true", help="create the repos and the collection private")
-    parser.add_argument("--space-dir", type=Path, default=APP.parent, help="the Space folder (default: %(default)s)")
+    parser.add_argument("--space-dir", type=Path, default=SPACE_DIR, help="the Space folder (default: %(default)s)")
     parser.add_argument("--wheel", type=Path, help="the linzoo wheel the Space installs (default: one built from "
                                                    "this checkout)")
     add_existing_repo_flags(parser, "existing repos")

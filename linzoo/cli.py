@@ -22,7 +22,7 @@ COMMANDS = {
     "card": ("linzoo.hub_cards.card", "write a model card from measured results"),
     "push": ("linzoo.hub_cards.push", "upload one checkpoint to the Hub"),
     "push-zoo": ("linzoo.hub_cards.push_zoo", "upload the zoo (every mixer x base/instruct/instruct-distilled), its Space and collection (dry run by default)"),
-    "space": ("linzoo.hub_cards.space", "run the NIAH Gradio Space locally"),
+    "space": ("linzoo.spaces.niah.app", "run the NIAH Gradio Space locally"),
 }
 DEBUG_FLAG = "--debug"  # exactly this word; `--debug=...` still reaches TrainingArguments' own --debug option
 DEBUG_HINT = f"re-run with {DEBUG_FLAG} or LINZOO_DEBUG=1 for the traceback"

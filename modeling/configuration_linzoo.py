@@ -1,4 +1,8 @@
-"""Configuration of a linzoo student: a Llama/SmolLM2 backbone whose attention is a linear mixer."""
+"""Configuration of a linzoo student: a Llama/SmolLM2 backbone whose attention is a linear mixer, and the cache
+size a config implies (`state_sizes`, from each mixer's `state_shapes`)."""
+
+import math
+from dataclasses import dataclass
 
 from transformers import PretrainedConfig
 
@@ -130,3 +134,40 @@ class LinzooConfig(PretrainedConfig):
             tie_word_embeddings=tie_word_embeddings,
             **kwargs,
         )
+
+
+@dataclass(frozen=True)
+class StateSize:
+    """Bytes one sequence keeps while decoding at a given context length."""
+
+    recurrent: int  # linear layers: heads x K x V fp32 per layer, whatever the context length
+    conv: int  # linear layers' short-conv windows: (q + k + v channels) x conv_size in the model dtype
+    attention_kv: int  # softmax layers (a hybrid student's, or a teacher's): 2 x kv_heads x head_dim x tokens
+    teacher_kv: int  # the teacher's KV cache at this context: 2 x layers x kv_heads x head_dim x tokens x bytes
+
+    @property
+    def total(self) -> int:
+        return self.recurrent + self.conv + self.attention_kv
+
+
+def _field(config, name, default=None):
+    return config.get(name, default) if isinstance(config, dict) else getattr(config, name, default)
+
+
+def state_sizes(config, tokens: int, dtype_bytes: int = 4) -> StateSize:
+    """Cache sizes for `config` (a config object or config.json dict) at `tokens` tokens of context.
+    A model that is not a linzoo student is all softmax attention: its state is its KV cache."""
+    layers, heads = _field(config, "num_hidden_layers"), _field(config, "num_attention_heads")
+    kv_heads = _field(config, "num_key_value_heads") or heads
+    head_dim = _field(config, "head_dim") or _field(config, "hidden_size") // heads
+    kv_per_layer = 2 * kv_heads * head_dim * tokens * dtype_bytes
+    if _field(config, "model_type") != LinzooConfig.model_type:
+        return StateSize(0, 0, layers * kv_per_layer, layers * kv_per_layer)
+    if isinstance(config, dict):
+        config = LinzooConfig.from_dict(config)
+    softmax_layers = len(config.attn_layers)
+    linear_layers = layers - softmax_layers
+    shapes = MIXER_CLASSES[config.mixer].state_shapes(config)
+    recurrent = linear_layers * math.prod(shapes["recurrent"]) * 4  # linear_ops keeps states in fp32
+    conv = linear_layers * math.prod(shapes["conv"]) * dtype_bytes if "conv" in shapes else 0
+    return StateSize(recurrent, conv, softmax_layers * kv_per_layer, layers * kv_per_layer)

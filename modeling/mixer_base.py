@@ -177,7 +177,8 @@ class LinearMixer(nn.Module):
 
     @classmethod
     def state_shapes(cls, config):
-        """Per-layer cache tensors (without batch): the recurrent state [H, K, V] (fp32) and the conv window."""
+        """Per-layer cache tensors (without batch): the recurrent state [H, K, V] (fp32) and the conv window.
+        A whole model's bytes at a context length: `configuration_linzoo.state_sizes`."""
         H, Hkv, D = config.num_attention_heads, config.num_key_value_heads, config.head_dim
         shapes = {"recurrent": (H, D, D + cls.state_value_columns)}
         if config.use_short_conv:

@@ -19,7 +19,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
 
-from linzoo.hub_cards import space
+from linzoo.spaces.niah import app
+from linzoo.spaces.niah import niah_space as space
 
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -40,7 +41,7 @@ def free_port() -> int:
 
 def start_space(models: list[str], results: list[Path]):
     """(demo, url): the Space's own app.py served from a background thread on a free local port."""
-    demo = space.load_app().build_demo(models, results)
+    demo = app.build_demo(models, results)
     return demo, space.launch(demo, results, "127.0.0.1", free_port(), block=False)
 
 

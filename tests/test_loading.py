@@ -3,10 +3,13 @@ linzoo, a Llama through transformers, and a repo that needs its own code only wi
 
 Each hostile folder ships modeling/configuration files that write a marker file when Python imports them: the
 marker must never appear, except in the one control that passes the flag (which shows the code would run).
+
+Loads from several threads at once give the same whole models as one load alone.
 """
 
 import json
 import shutil
+import threading
 
 import pytest
 import torch
@@ -159,3 +162,26 @@ def test_folders_without_a_record_load_as_before(tiny_teacher_dir, tiny_student_
     assert not (tiny_teacher_dir / "linzoo_training.json").exists()
     assert type(linzoo.load_model(str(tiny_teacher_dir))[0]).__name__ == "LlamaForCausalLM"
     assert linzoo.load_model(str(tiny_student_dir))[0].config.model_type == "linzoo"
+
+
+def test_loads_in_threads_give_whole_tied_models(tiny_teacher_dir, tiny_student_dir):
+    """transformers' from_pretrained swaps process-wide state while it builds a model: loads that overlap used to
+    leave lm_head untied or on the meta device (the tiny teacher ties its embeddings; the student does not)."""
+    for folder in (tiny_teacher_dir, tiny_student_dir):
+        reference, _ = linzoo.load_model(str(folder))
+        models = [None] * 6
+
+        def load(i, folder=folder):
+            models[i] = linzoo.load_model(str(folder))[0]
+
+        threads = [threading.Thread(target=load, args=(i,)) for i in range(len(models))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for model in models + [linzoo.load_model(str(folder))[0]]:  # and a load after them
+            assert not any(t.is_meta for t in model.state_dict().values())
+            tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+            assert tied == model.config.tie_word_embeddings == (folder == tiny_teacher_dir)
+            assert model.state_dict().keys() == reference.state_dict().keys()
+            assert all(torch.equal(t, reference.state_dict()[k]) for k, t in model.state_dict().items())

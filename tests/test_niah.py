@@ -11,7 +11,7 @@ from test_evals import FILLER, bpe_tokenizer, tiny_llama
 from torch import nn
 
 from linzoo.evals import niah
-from linzoo.hub_cards import space
+from linzoo.spaces.niah import niah_space as space
 
 NIAH_KEYS = {"schema", "model", "variant", "needle", "prompt_format", "filler", "lengths", "depths",
              "samples_per_cell", "accuracy", "accuracy_se", "mean_by_length", "mean_by_length_se", "overall",
@@ -175,7 +175,7 @@ def test_standard_errors_of_a_known_hit_pattern(tmp_path):
     assert [e["hit"] for e in results["examples"]] == [False, True, True, False]  # each cell's first sample
     json_path, png_path = niah.save_niah(results, tmp_path)
     assert json.loads(json_path.read_text()) == results and png_path.read_bytes()[:4] == b"\x89PNG"
-    _, gallery, _, rows = space.results_view([tmp_path])  # the Space's table shows them
+    _, gallery, _, rows, _ = space.results_view([tmp_path])  # the Space's NIAH table shows them
     assert rows == [["EchoLM", "passkey", "raw", "0.625±0.117", "200: 0.62±0.17, 300: 0.62±0.17"]]
     assert gallery == [(str(png_path), "EchoLM: NIAH passkey, overall 0.62")]
 

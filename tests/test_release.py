@@ -11,6 +11,7 @@ import json
 import re
 import shutil
 import socket
+import zipfile
 from types import SimpleNamespace
 
 import pytest
@@ -430,8 +431,17 @@ def test_push_zoo_dry_run_lists_the_matrix(zoo, fast_load_check, no_network, cap
     assert "collection 'linzoo: linearized SmolLM2 students' in tester: 3 items" in out
 
 
+def test_space_repo_gets_app_py_and_the_logic_comes_in_the_wheel(linzoo_wheel):
+    """app.py imports `linzoo.spaces.niah.niah_space`: the Space repo carries app.py alone of the folder's Python (no
+    second copy of the logic beside it), and the wheel the Space installs carries both."""
+    planned = plan.plan_space(push_zoo.SPACE_DIR, "tester/linzoo-niah", ["embedded"], {}, linzoo_wheel)
+    assert [path for path, _ in planned.files if path.endswith(".py")] == ["app.py"]
+    with zipfile.ZipFile(linzoo_wheel) as wheel:
+        assert {"linzoo/spaces/niah/app.py", "linzoo/spaces/niah/niah_space.py"} <= set(wheel.namelist())
+
+
 def test_space_plan_checks_its_install(linzoo_wheel, tmp_path):
-    space_dir = shutil.copytree(push_zoo.APP.parent, tmp_path / "niah")
+    space_dir = shutil.copytree(push_zoo.SPACE_DIR, tmp_path / "niah")
     models = ["tester/linzoo-gated-deltanet-base", "embedded"]
     planned = plan.plan_space(space_dir, "tester/linzoo-niah", models, {}, linzoo_wheel, private=True)
     assert planned.ok and planned.variables == {"LINZOO_SPACE_MODELS": ",".join(models)}

@@ -7,7 +7,6 @@ same cached model generates in this process (greedy, CPU: identical), and the "c
 exercised with a custom needle whose expected answer is a piece of that deterministic generation.
 """
 
-import importlib.util
 import json
 import os
 import re
@@ -15,12 +14,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import gradio
 import pytest
+import space_screenshot
 import torch
 from gradio_client import Client
 from huggingface_hub import SpaceCard, hf_hub_url
@@ -28,8 +29,12 @@ from test_loading import AUTO_MAP, edit_config, marker, plant  # noqa: F401 (mar
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import linzoo
+import linzoo.loading
 from linzoo.evals import niah, quality
-from linzoo.hub_cards import plan, space
+from linzoo.formatting import format_bytes
+from linzoo.hub_cards import plan
+from linzoo.modeling.configuration_linzoo import state_sizes
+from linzoo.spaces.niah import niah_space as space
 
 ROOT = Path(__file__).resolve().parents[1]
 SPACE_DIR = ROOT / "spaces" / "niah"
@@ -38,13 +43,6 @@ FILLER = "\n\n".join(f"The river watched the garden before mountain {i} was quie
 CONTEXT = 256
 HAYSTACK = "Alpha went to the market. Beta stayed home. The secret code is hidden somewhere. Gamma slept."
 QUESTION = "What is the secret code?"
-
-
-def load_screenshot_helpers():
-    spec = importlib.util.spec_from_file_location("space_screenshot", ROOT / "scripts" / "space_screenshot.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -76,10 +74,10 @@ def test_state_sizes_equal_the_real_cache(mixer, attn_layers):
         model = linzoo.linearize(teacher, mixer, attn_layers=attn_layers).eval()
         cache = LinzooCache(config=model.config)
         model(ids, cache=cache, use_cache=True)
-    size = space.state_sizes(model.config, 37)
+    size = state_sizes(model.config, 37)
     assert size.total == cache_bytes(cache)
     assert size.teacher_kv == 2 * 3 * 2 * 8 * 37 * 4
-    assert space.state_sizes(model.config, 3700).recurrent == size.recurrent  # fixed, whatever the context
+    assert state_sizes(model.config, 3700).recurrent == size.recurrent  # fixed, whatever the context
 
 
 def test_highlight_escapes_and_marks_the_needle():
@@ -99,6 +97,48 @@ def test_query_validation():
         space.custom_sample(None, "text", "", "x")
     with pytest.raises(ValueError, match="'/etc' is not one of this Space's models; pick among embedded"):
         space.run_query(["/etc"], 512, 0.5, allowed=["embedded"])
+
+
+@pytest.mark.parametrize("field, value", [
+    ("context_len", float("inf")), ("context_len", float("nan")), ("context_len", -1), ("context_len", 1e9),
+    ("context_len", 1000.5), ("depth", 2), ("depth", -0.1), ("depth", float("nan")), ("seed", 1e30),
+    ("seed", float("inf")), ("seed", -1), ("seed", 1.5), ("seed", "7; rm -rf /")])
+def test_numbers_are_checked_before_loading(field, value, tiny_teacher_dir, monkeypatch):
+    monkeypatch.setattr(space, "load", lambda spec: pytest.fail(f"{spec} was loaded"))
+    query = {"context_len": 256, "depth": 0.5, "seed": 7, field: value}
+    name = {"context_len": r"Context length \(tokens\) must be a whole number in 64\.\.4096",
+            "depth": r"Needle depth must be a number in 0\.\.1", "seed": r"Seed must be a whole number in 0\.\.4294967295"}
+    with pytest.raises(ValueError, match=rf"^{name[field]} on this Space, got {re.escape(repr(value))}\.$"):
+        space.run_query([str(tiny_teacher_dir)], query["context_len"], query["depth"], "passkey", query["seed"],
+                        allowed=[str(tiny_teacher_dir)])
+
+
+class NoTokenizer:
+    def __call__(self, *args, **kwargs):
+        pytest.fail("the tokenizer read the haystack")
+
+    apply_chat_template = __call__
+
+
+def test_a_long_haystack_is_refused_before_the_tokenizer_reads_it(tiny_teacher_dir, monkeypatch):
+    haystack = "The secret code is 42. " * (space.MAX_CUSTOM_CHARS // 23 + 1)
+    refusal = rf"^Your haystack and question have {len(haystack) + len(QUESTION):,} characters; this Space reads at most"
+    with pytest.raises(ValueError, match=refusal):
+        space.custom_sample(NoTokenizer(), haystack, QUESTION, "42")
+    monkeypatch.setattr(space, "load", lambda spec: pytest.fail(f"{spec} was loaded"))
+    with pytest.raises(ValueError, match=refusal):
+        space.run_query([str(tiny_teacher_dir)], 256, 0.5, "custom", 0, "raw", haystack, QUESTION, "42",
+                        allowed=[str(tiny_teacher_dir)])
+
+
+def test_cards_import_nothing_of_the_space():
+    """A card depends on the results and the model, not on the demo: importing card (and push, which writes cards)
+    in a fresh process loads no module of the Space, wherever it lives (the one with `run_query`)."""
+    probe = ("import sys, linzoo.hub_cards.card, linzoo.hub_cards.push; print([name for name, module in "
+             "sys.modules.items() if name.startswith('linzoo') and (hasattr(module, 'run_query') or "
+             "name.startswith('linzoo.spaces'))])")
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"
 
 
 def test_space_metadata_matches_the_installed_gradio():
@@ -138,6 +178,41 @@ def test_only_the_owners_models_load(tiny_student_dir, tiny_teacher_dir, tmp_pat
     assert type(space.load(str(student))[0]).__module__ == "linzoo.modeling.modeling_linzoo"
 
 
+def test_concurrent_queries_load_a_model_once_and_answer_as_one_query_alone(tiny_teacher_dir, monkeypatch):
+    """Eight queries at once for a model not yet loaded: one load, and each answer what one query alone gets (the
+    tiny teacher ties its embeddings, which overlapping loads used to leave untied)."""
+    spec = str(tiny_teacher_dir)
+    loads = []
+
+    def counted(*args, **kwargs):
+        loads.append(args[0])
+        return load_model(*args, **kwargs)
+
+    def query():
+        return space.run_query([spec], CONTEXT, 0.5, "passkey", 7, allowed=[spec])
+
+    load_model = linzoo.loading.load_model
+    monkeypatch.setattr(linzoo.loading, "load_model", counted)
+    space._loaded.cache_clear()
+    answers = [None] * 8
+
+    def ask(i):
+        answers[i] = query()
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(answers))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert loads == [spec]
+    space._loaded.cache_clear()
+    html, (alone,) = query()
+    assert len(loads) == 2
+    without_seconds = [*alone[:4], *alone[5:]]
+    assert all(shown == html and [*row[:4], *row[5:]] == without_seconds for shown, (row,) in answers)
+    space._loaded.cache_clear()
+
+
 def test_oversized_model_is_refused_before_loading(tmp_path, monkeypatch):
     big = tmp_path / "llama-70b"  # a config.json and no weights: loading would fail otherwise
     big.mkdir()
@@ -165,7 +240,7 @@ def test_approx_parameters_counts_a_llama(tiny_teacher_dir):
 
 
 def test_results_view(tmp_path):
-    assert space.results_view([tmp_path / "nothing here"]) == ("no results yet", [], [], [])
+    assert space.results_view([tmp_path / "nothing here"]) == ("no results yet", [], [], [], [])
     assert space.results_view([ROOT / "tests"])[0] == "no results yet"
 
 
@@ -190,7 +265,7 @@ def served(tiny_student_dir, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LINZOO_SPACE_FILLER", str(filler))
         spec = str(tiny_student_dir)
-        demo, url = load_screenshot_helpers().start_space([spec, "embedded"], [results])
+        demo, url = space_screenshot.start_space([spec, "embedded"], [results])
         yield url, spec
         demo.close()
 
@@ -199,7 +274,7 @@ def expected_row(spec, sample, max_new_tokens=None):
     """What the Space must show for `sample`: generated by the same cached model in this process."""
     model, tokenizer = space.load(spec)
     text, correct, _ = niah.answer_one(model, tokenizer, sample, max_new_tokens)
-    size = space.state_sizes(model.config, sample.n_tokens)
+    size = state_sizes(model.config, sample.n_tokens)
     return text.strip(), correct, size
 
 
@@ -215,8 +290,8 @@ def test_client_passkey_shows_answer_time_and_state(served):
     assert table["headers"] == space.RESULT_HEADERS
     assert row[:4] == [spec, sample.answer, text, space.CORRECT if correct else space.WRONG]
     assert float(row[4]) > 0 and int(row[5]) == sample.n_tokens <= CONTEXT
-    assert row[6] == f"{space.format_bytes(size.recurrent + size.conv)} fixed"
-    assert row[7] == space.format_bytes(size.teacher_kv)
+    assert row[6] == f"{format_bytes(size.recurrent + size.conv)} fixed"
+    assert row[7] == format_bytes(size.teacher_kv)
     assert f'<mark class="needle">{sample.needle}</mark>' in html
 
 
@@ -238,10 +313,34 @@ def test_client_cannot_name_a_model(served, tiny_teacher_dir):
             Client(url, verbose=False).predict([typed], CONTEXT, 0.5, "passkey", 0, "raw", "", "", "", api_name="/ask")
 
 
+def test_app_refuses_numbers_in_one_line(served):
+    """Through Gradio's HTTP API (JSON as Python writes it, NaN and Infinity included): a one-line message each."""
+    url, spec = served
+
+    def ask(context_len, depth, seed) -> dict:
+        body = json.dumps({"data": [[spec], context_len, depth, "passkey", seed, "raw", "", "", ""]}).encode()
+        request = urllib.request.Request(f"{url}gradio_api/call/ask", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request) as response:
+            event = json.load(response)["event_id"]
+        with urllib.request.urlopen(f"{url}gradio_api/call/ask/{event}") as response:
+            kind, data = response.read().decode().strip().splitlines()[:2]
+        assert kind == "event: error"
+        return json.loads(data.removeprefix("data: "))
+
+    nan, inf = float("nan"), float("inf")
+    for args, message in [((nan, 0.5, 0), "Context length (tokens) must be a whole number in 64..4096 on this Space"),
+                          ((CONTEXT, nan, 0), "Needle depth must be a number in 0..1 on this Space, got nan."),
+                          ((CONTEXT, 0.5, nan), "Seed must be a whole number in 0..4294967295 on this Space, got nan."),
+                          ((CONTEXT, 0.5, 1.5), "Seed must be a whole number in 0..4294967295 on this Space, got 1.5."),
+                          ((CONTEXT, 0.5, inf), "Value inf is greater than maximum value 4294967295."),  # Gradio's
+                          ((inf, 0.5, 0), "Value inf is greater than maximum value 4096.")]:
+        assert ask(*args)["error"].startswith(message), args
+
+
 def test_client_results_tab(served):
     url, _ = served
-    note, gallery, recovery, niah_rows = Client(url, verbose=False).predict(api_name="/results")
-    assert note.startswith("1 NIAH and 1 quality")
+    note, gallery, recovery, niah_rows, heads_rows = Client(url, verbose=False).predict(api_name="/results")
+    assert note == "results files: 1 quality, 1 niah, 0 heads."
     assert len(gallery) == 1 and Path(gallery[0]["image"]).stat().st_size > 1000
     assert "tiny-gdn: NIAH passkey, overall 0.50" == gallery[0]["caption"]
     assert recovery["data"][0][:2] == ["tiny-gdn", "embedded"]
@@ -250,20 +349,19 @@ def test_client_results_tab(served):
 
 
 def test_browser_runs_a_query_and_shows_the_verdict(served, tmp_path):
-    helpers = load_screenshot_helpers()
-    if None in helpers.chromium_paths():
+    if None in space_screenshot.chromium_paths():
         pytest.skip("chromium / chromedriver not installed (apt-get install -y chromium chromium-driver)")
     url, spec = served
     model, tokenizer = space.load(spec)
     probe = space.custom_sample(tokenizer, HAYSTACK, QUESTION, "unused")
     generated, _, _ = expected_row(spec, probe, space.CUSTOM_MAX_NEW_TOKENS)
     fragment = max(re.findall(r"[A-Za-z0-9]{3,}", generated), key=len)
-    driver = helpers.chromium(Path(tempfile.mkdtemp(dir=tmp_path)))
+    driver = space_screenshot.chromium(Path(tempfile.mkdtemp(dir=tmp_path)))
     try:
-        passkey = helpers.ask(driver, url, CONTEXT, expect=spec)
+        passkey = space_screenshot.ask(driver, url, CONTEXT, expect=spec)
         assert spec in passkey and ("correct" in passkey or "wrong" in passkey) and "KiB fixed" in passkey
         assert driver.find_element("css selector", "#haystack mark.needle").text.startswith("The pass key is")
-        custom = helpers.ask(driver, url, CONTEXT, custom=(HAYSTACK, QUESTION, fragment), expect=fragment)
+        custom = space_screenshot.ask(driver, url, CONTEXT, custom=(HAYSTACK, QUESTION, fragment), expect=fragment)
         assert space.CORRECT in custom and fragment in custom
         driver.save_screenshot(str(tmp_path / "space.png"))
     finally:
@@ -319,7 +417,7 @@ def test_planned_space_installs_from_its_requirements_alone_and_serves(tiny_stud
     where, torch_version, gradio_version = versions.stdout.split()
     assert where.startswith(str(venv)) and torch_version.endswith("+cpu") and gradio_version == gradio.__version__
 
-    port = load_screenshot_helpers().free_port()
+    port = space_screenshot.free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(GRADIO_SERVER_NAME="127.0.0.1", GRADIO_SERVER_PORT=str(port), GRADIO_ANALYTICS_ENABLED="False",
                HF_HUB_OFFLINE="1", LINZOO_SPACE_MODELS=str(tiny_student_dir))

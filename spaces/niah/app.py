@@ -1,10 +1,11 @@
 """Needle in a haystack: ask linzoo's linear students (and their softmax teacher) for a pass key hidden
 in long text, and compare their fixed recurrent state with the teacher's growing KV cache.
-Only UI wiring lives here; the logic is `linzoo.hub_cards.space` and `linzoo.evals.niah`."""
+Only UI wiring lives here; the logic is `niah_space` beside it and `linzoo.evals.niah`, installed with linzoo
+(on the Hub from the wheel in the Space repo), so this file runs alike as `python app.py` and `linzoo space`."""
 
 import gradio as gr
 
-from linzoo.hub_cards import space
+from linzoo.spaces.niah import niah_space as space
 
 
 def build_demo(models: list[str], results: list) -> gr.Blocks:
@@ -32,7 +33,9 @@ def build_demo(models: list[str], results: list) -> gr.Blocks:
                 context = gr.Slider(128, space.MAX_CONTEXT, value=1024, step=128, label="context length (tokens)",
                                     elem_id="context")
                 depth = gr.Slider(0, 1, value=0.5, step=0.05, label="needle depth (0 = start, 1 = end)")
-                seed = gr.Number(0, precision=0, label="seed (picks the needle and the filler)")
+                # No precision=0: Gradio's int() of NaN would fail raw; run_query refuses what is not whole.
+                seed = gr.Number(0, minimum=0, maximum=space.MAX_SEED, step=1, label="seed (picks the needle and "
+                                 "the filler)")
             with gr.Accordion("Your own haystack (needle: custom)", open=False, elem_id="custom"):
                 haystack = gr.Textbox(lines=6, label="haystack", elem_id="custom-haystack")
                 question = gr.Textbox(label="question", elem_id="custom-question")
@@ -43,16 +46,23 @@ def build_demo(models: list[str], results: list) -> gr.Blocks:
             shown = gr.HTML(label="haystack", elem_id="haystack")
         with gr.Tab("Measured results"):
             note = gr.Markdown(elem_id="results-note")
-            gallery = gr.Gallery(label="NIAH heatmaps", columns=2)
-            recovery = gr.Dataframe(headers=space.recovery_headers(), label="teacher recovery", interactive=False)
-            niah_table = gr.Dataframe(headers=space.NIAH_HEADERS, label="NIAH", interactive=False)
+            gallery = gr.Gallery(label="heatmaps", columns=2)
+            tables = [gr.Dataframe(headers=list(spec.space_headers), label=spec.title, interactive=False)
+                      for spec in space.result_tables()]
         run.click(ask, [picked, context, depth, needle, seed, prompt, haystack, question, answer], [shown, table],
                   api_name="ask")
-        demo.load(lambda: space.results_view(results), None, [note, gallery, recovery, niah_table],
+        demo.load(lambda: space.results_view(results), None, [note, gallery, *tables],
                   api_name="results")
     return demo
 
 
-if __name__ == "__main__":  # what the Hub runs
+def main(argv: list[str] | None = None) -> int:
+    """`python app.py` on the Hub (no flags: its environment says everything), `linzoo space [flags]` locally."""
+    host, port = space.apply_flags(argv)
     results = space.results_paths()
-    space.launch(build_demo(space.default_models(), results), results)
+    space.launch(build_demo(space.default_models(), results), results, host, port)
+    return 0
+
+
+if __name__ == "__main__":
+    main()

@@ -1,6 +1,6 @@
 """The NIAH Space without its UI: model choices and a load-once cache, one query over one to three
 models, the haystack as HTML with the needle marked, fixed-state vs KV-cache sizes, and the view of
-measured results. `spaces/niah/app.py` wires these into Gradio; `linzoo space` runs that app locally.
+measured results. `app.py` beside it wires these into Gradio; `linzoo space` runs that app locally.
 
     linzoo space --models runs/main,embedded --port 7860
     LINZOO_SPACE_MODELS=org/my-student-base python spaces/niah/app.py   # as on the Hub
@@ -14,34 +14,41 @@ repo of the visitor's, a path on the Space's disk) before touching it. Even a li
 student or a Llama-family teacher (config.json's `model_type`, read, never executed) of at most
 MAX_PARAMETERS parameters, with safetensors weights; it loads through linzoo's and transformers' installed
 classes (`linzoo.load_model`), never with the repo's own code.
+
+Queries may run at once (an owner may raise Gradio's concurrency limit): each model is loaded by one of them while
+the others wait. Every input is checked before anything is loaded or tokenized: numbers finite and in range, a custom
+haystack of at most MAX_CUSTOM_CHARS characters.
 """
 
 from __future__ import annotations
 
 import argparse
 import html
-import json
 import math
 import os
-from dataclasses import dataclass
+import threading
 from functools import lru_cache
 from pathlib import Path
 
 from linzoo.evals import niah
+from linzoo.formatting import format_bytes
+from linzoo.modeling.configuration_linzoo import StateSize, state_sizes
 
 MAX_CONTEXT = 4096  # so that a free CPU Space (2 vCPU) answers a 135M model within about a minute
 MAX_MODELS = 3
 CUSTOM = "custom"  # beside the NIAH variants: the user's own haystack, question and expected answer
 VARIANT_CHOICES = (*niah.VARIANTS, CUSTOM)
 CUSTOM_MAX_NEW_TOKENS = 32
+# SmolLM2's longest token is 81 characters (runs of spaces or dashes tokenize at 64 a token): a pasted haystack longer
+# than this cannot fit MAX_CONTEXT tokens and is refused before the tokenizer reads it; what passes tokenizes in < 1 s.
+CHARS_PER_TOKEN = 128
+MAX_CUSTOM_CHARS = MAX_CONTEXT * CHARS_PER_TOKEN
+MAX_SEED = 2**32 - 1  # numpy's range; far below 2**53, above which a number box's float loses digits
 DEFAULT_FOLDER = "runs/main"  # where the main training job leaves its student
-APP = Path(__file__).resolve().parents[1] / "spaces" / "niah" / "app.py"
 RESULT_HEADERS = ["model", "expected", "answer", "verdict", "seconds", "prompt tokens",
                   "state at this context", "teacher KV cache at this context"]
 RESULT_WIDTHS = ["20%", "9%", "21%", "9%", "7%", "7%", "14%", "13%"]
-NIAH_HEADERS = ["model", "variant", "prompt", "overall", "accuracy by length"]
 CORRECT, WRONG = "✓ correct", "✗ wrong"
-NOT_MEASURED = "not measured"
 MODEL_TYPES = ("linzoo", "llama")  # linzoo's students and their teachers (SmolLM2 is a Llama)
 MAX_PARAMETERS = 2_000_000_000  # 8 GB in fp32: a free CPU Space has 16 GB (SmolLM2-1.7B's students fit)
 
@@ -98,10 +105,19 @@ def check_model(spec: str, allowed: list[str]) -> None:
         raise ValueError(f"{spec} is not loaded: {err}.") from None
 
 
-@lru_cache(maxsize=MAX_MODELS + 1)  # one query's models stay loaded; each is loaded once while in use
+_LOAD_LOCKS: dict[str, threading.Lock] = {}  # one per model spec; only specs on the owner's list get one
+
+
 def load(spec: str):
     """(model, tokenizer) through `linzoo.load_model` (installed classes, safetensors only), fp32 on CPU, in eval
-    mode. `run_query` calls it only for specs that passed `check_model`."""
+    mode. `run_query` calls it only for specs that passed `check_model`. Queries asking at once for a model not yet
+    loaded wait for the one that loads it (lru_cache alone would let each load its own copy)."""
+    with _LOAD_LOCKS.setdefault(spec, threading.Lock()):
+        return _loaded(spec)
+
+
+@lru_cache(maxsize=MAX_MODELS + 1)  # one query's models stay loaded; each is loaded once while in use
+def _loaded(spec: str):
     from linzoo import load_model
 
     return load_model(spec, safetensors_only=True)
@@ -110,54 +126,6 @@ def load(spec: str):
 @lru_cache(maxsize=2)
 def filler_texts(spec: str) -> tuple[str, ...]:
     return tuple(niah.load_texts(spec, split="test"))
-
-
-@dataclass(frozen=True)
-class StateSize:
-    """Bytes one sequence keeps while decoding at a given context length."""
-
-    recurrent: int  # linear layers: heads x K x V fp32 per layer, whatever the context length
-    conv: int  # linear layers' short-conv windows: (q + k + v channels) x conv_size in the model dtype
-    attention_kv: int  # softmax layers (a hybrid student's, or a teacher's): 2 x kv_heads x head_dim x tokens
-    teacher_kv: int  # the teacher's KV cache at this context: 2 x layers x kv_heads x head_dim x tokens x bytes
-
-    @property
-    def total(self) -> int:
-        return self.recurrent + self.conv + self.attention_kv
-
-
-def _field(config, name, default=None):
-    return config.get(name, default) if isinstance(config, dict) else getattr(config, name, default)
-
-
-def state_sizes(config, tokens: int, dtype_bytes: int = 4) -> StateSize:
-    """Cache sizes for `config` (a config object or config.json dict) at `tokens` tokens of context.
-    A model that is not a linzoo student is all softmax attention: its state is its KV cache."""
-    layers, heads = _field(config, "num_hidden_layers"), _field(config, "num_attention_heads")
-    kv_heads = _field(config, "num_key_value_heads") or heads
-    head_dim = _field(config, "head_dim") or _field(config, "hidden_size") // heads
-    kv_per_layer = 2 * kv_heads * head_dim * tokens * dtype_bytes
-    if _field(config, "model_type") != "linzoo":
-        return StateSize(0, 0, layers * kv_per_layer, layers * kv_per_layer)
-    from linzoo.modeling import LinzooConfig
-    from linzoo.modeling.mixers import MIXER_CLASSES
-
-    if isinstance(config, dict):
-        config = LinzooConfig.from_dict(config)
-    softmax_layers = len(config.attn_layers)
-    linear_layers = layers - softmax_layers
-    shapes = MIXER_CLASSES[config.mixer].state_shapes(config)
-    recurrent = linear_layers * math.prod(shapes["recurrent"]) * 4  # linear_ops keeps states in fp32
-    conv = linear_layers * math.prod(shapes["conv"]) * dtype_bytes if "conv" in shapes else 0
-    return StateSize(recurrent, conv, softmax_layers * kv_per_layer, layers * kv_per_layer)
-
-
-def format_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB"):
-        if n < 1024 or unit == "MiB":
-            return f"{n:,} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def describe_state(size: StateSize) -> str:
@@ -179,10 +147,18 @@ def highlight_html(haystack: str, spans: list[tuple[int, int]]) -> str:
             f'font-size:0.85em;border:1px solid #ccc;padding:0.5em">{body}</div>')
 
 
+def check_custom_size(haystack: str, question: str) -> None:
+    """A ValueError when a custom haystack and question cannot fit MAX_CONTEXT tokens by their length alone."""
+    if (n := len(haystack or "") + len(question or "")) > MAX_CUSTOM_CHARS:
+        raise ValueError(f"Your haystack and question have {n:,} characters; this Space reads at most "
+                         f"{MAX_CUSTOM_CHARS:,} ({MAX_CONTEXT} tokens): shorten the haystack.")
+
+
 def custom_sample(tokenizer, haystack: str, question: str, answer: str, prompt_format: str = "raw",
                   max_context: int = MAX_CONTEXT) -> niah.NiahSample:
     """A NIAH sample from the user's own haystack; the needle span is the expected answer's first occurrence."""
-    haystack, question, answer = haystack.strip(), question.strip(), answer.strip()
+    check_custom_size(haystack, question)
+    haystack, question, answer = (haystack or "").strip(), (question or "").strip(), (answer or "").strip()
     if not (haystack and question and answer):
         raise ValueError("A custom needle needs a haystack, a question and the expected answer.")
     prompt = niah.format_prompt(tokenizer, haystack, question, prompt_format)
@@ -199,6 +175,19 @@ def _no_progress(*args, **kwargs):
     pass
 
 
+def checked_number(name: str, value, low: int | float, high: int | float, whole: bool = False) -> int | float:
+    """`value` as a number in low..high (an int if `whole`); a ValueError saying the range when it is not one
+    (NaN and infinities included)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not low <= number <= high or (whole and number != int(number)):  # NaN fails every comparison
+        raise ValueError(f"{name} must be a {'whole number' if whole else 'number'} in {low}..{high} on this Space, "
+                         f"got {value!r}.")
+    return int(number) if whole else number
+
+
 def run_query(models: list[str], context_len: int, depth: float, variant: str = "passkey", seed: int = 0,
               prompt_format: str = "raw", haystack: str = "", question: str = "", answer: str = "",
               progress=_no_progress, allowed: list[str] | None = None) -> tuple[str, list[list]]:
@@ -211,9 +200,11 @@ def run_query(models: list[str], context_len: int, depth: float, variant: str = 
         raise ValueError(f"Pick one to {MAX_MODELS} models (got {len(models)}).")
     if variant not in VARIANT_CHOICES:
         raise ValueError(f"The needle must be one of {', '.join(VARIANT_CHOICES)}, got {variant!r}.")
-    context_len = int(context_len)
-    if variant != CUSTOM and not 64 <= context_len <= MAX_CONTEXT:
-        raise ValueError(f"Context length must lie in 64..{MAX_CONTEXT} tokens on this Space, got {context_len}.")
+    context_len = checked_number("Context length (tokens)", context_len, 64, MAX_CONTEXT, whole=True)
+    depth = checked_number("Needle depth", depth, 0, 1)
+    seed = checked_number("Seed", seed, 0, MAX_SEED, whole=True)
+    if variant == CUSTOM:
+        check_custom_size(haystack, question)
     for spec in models:
         check_model(spec, default_models() if allowed is None else allowed)
     rows, shown = [], None
@@ -226,7 +217,7 @@ def run_query(models: list[str], context_len: int, depth: float, variant: str = 
         else:
             prose = niah.VARIANTS[variant].haystack == "prose"
             filler = list(filler_texts(os.environ.get("LINZOO_SPACE_FILLER", "embedded"))) if prose else None
-            sample = niah.build_haystack(tokenizer, filler, context_len, float(depth), variant, int(seed))
+            sample = niah.build_haystack(tokenizer, filler, context_len, depth, variant, seed)
         text, correct, seconds = niah.answer_one(model, tokenizer, sample,
                                                  CUSTOM_MAX_NEW_TOKENS if variant == CUSTOM else None)
         size = state_sizes(model.config, sample.n_tokens, next(model.parameters()).element_size())
@@ -237,65 +228,33 @@ def run_query(models: list[str], context_len: int, depth: float, variant: str = 
     return highlight_html(shown.haystack, [shown.needle_span]), rows
 
 
-def _read_results(path: Path, schema: str) -> dict | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and data.get("schema") == schema else None
+def result_tables() -> list:
+    """The registered evals that show a table in the "Measured results" tab, in the registry's order."""
+    from linzoo.evals.registry import all_evals
+
+    return [spec for spec in all_evals() if spec.space_headers]
 
 
-def measured(value, pattern: str = "{:.3f}") -> str:
-    """A result as text; "not measured" where there is none (never a filled-in number)."""
-    return NOT_MEASURED if value is None else pattern.format(value)
-
-
-def results_view(paths: list[Path] | None = None) -> tuple[str, list[tuple[str, str]], list[list], list[list]]:
-    """(note, heatmap gallery items, recovery rows, NIAH rows) from every niah.json / quality.json under `paths`."""
-    from linzoo.evals import quality
-
+def results_view(paths: list[Path] | None = None) -> tuple:
+    """(note, gallery items, then one table of rows per eval of `result_tables()`) from every eval results file
+    under `paths`; a figure of the eval beside its file joins the gallery."""
+    specs = result_tables()
     files = []
     for path in map(Path, paths if paths is not None else results_paths()):
         files += sorted(path.rglob("*.json")) if path.is_dir() else [path] if path.is_file() else []
-    gallery, recovery, niah_rows = [], [], []
+    gallery, tables = [], {spec.name: [] for spec in specs}
     for path in files:
-        if data := _read_results(path, niah.SCHEMA):
-            variant = data.get("variant", data["needle"])  # files written before variants: the needle's name
-            se = data.get("mean_by_length_se")  # standard errors, where the file has them
-            by_length = ", ".join(f"{length}: {acc:.2f}" + (f"±{se[length]:.2f}" if se else "")
-                                  for length, acc in data["mean_by_length"].items())
-            overall = f"{data['overall']:.3f}" + (f"±{data['overall_se']:.3f}" if "overall_se" in data else "")
-            niah_rows.append([data["model"], variant, data["prompt_format"], overall, by_length])
-            if (png := path.with_name("niah_heatmap.png")).is_file():
-                gallery.append((str(png), f"{data['model']}: NIAH {variant}, overall {data['overall']:.2f}"))
-        elif data := _read_results(path, quality.SCHEMA):
-            rec = data.get("recovery") or {}
-            recovery.append([data["model"], data.get("teacher") or NOT_MEASURED,
-                             *(measured(rec.get(task), "{:.1f}%") for task in quality.TASKS),
-                             measured((data.get("recovery_above_chance") or {}).get("average"), "{:.1f}%"),
-                             measured(rec.get("average"), "{:.1f}%"),
-                             measured((data.get("chance_recovery") or {}).get("average"), "{:.1f}%"),
-                             measured(data.get("perplexity"), "{:.2f}")])
-    if not (niah_rows or recovery):
-        return "no results yet", [], [], []
-    return f"{len(niah_rows)} NIAH and {len(recovery)} quality results files.", gallery, recovery, niah_rows
-
-
-def recovery_headers() -> list[str]:
-    from linzoo.evals import quality
-
-    return ["model", "teacher", *quality.TASKS, "above chance (average)", "average", "a uniform guess's average",
-            "perplexity"]
-
-
-def load_app(path: Path = APP):
-    """The Space's app.py as a module (it is no package file: it lives in the Space folder)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("linzoo_niah_app", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+        for spec in specs:
+            if data := spec.read(path):
+                tables[spec.name].append(spec.space_row(data))
+                figure = path.with_name(spec.figures[0]) if spec.figures else None
+                if spec.space_caption and figure and figure.is_file():
+                    gallery.append((str(figure), spec.space_caption(data)))
+                break
+    if not any(tables.values()):
+        return ("no results yet", [], *([] for _ in specs))
+    counts = ", ".join(f"{len(rows)} {name}" for name, rows in tables.items())
+    return (f"results files: {counts}.", gallery, *tables.values())
 
 
 def launch(demo, results: list[Path], host: str | None = None, port: int | None = None, block: bool = True) -> str:
@@ -306,22 +265,19 @@ def launch(demo, results: list[Path], host: str | None = None, port: int | None 
     return demo.local_url
 
 
-def main(argv: list[str] | None = None) -> int:
+def apply_flags(argv: list[str] | None = None) -> tuple[str | None, int | None]:
+    """`linzoo space`'s flags: --models, --results and --filler set the environment the Hub sets; returns (host, port)
+    (None: Gradio's defaults, or $GRADIO_SERVER_NAME / $GRADIO_SERVER_PORT as on the Hub)."""
     parser = argparse.ArgumentParser(prog="linzoo space", description="Run the NIAH Gradio Space locally.")
     parser.add_argument("--models", help="comma-separated model specs, the only ones the Space loads (default: "
                                          "$LINZOO_SPACE_MODELS, else runs/main and embedded); the first is preselected")
     parser.add_argument("--results", help="comma-separated results folders/files (default: results/)")
     parser.add_argument("--filler", help="haystack filler: 'embedded', a linzoo.data spec or a .txt path")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=7860)
-    parser.add_argument("--app", type=Path, default=APP, help="the Space's app.py (default: %(default)s)")
+    parser.add_argument("--host", help="default: $GRADIO_SERVER_NAME, else 127.0.0.1")
+    parser.add_argument("--port", type=int, help="default: $GRADIO_SERVER_PORT, else 7860 (or the next free one)")
     args = parser.parse_args(argv)
-    if not args.app.is_file():
-        parser.error(f"{args.app} not found: pass --app spaces/niah/app.py from a linzoo checkout")
     for name, value in (("LINZOO_SPACE_MODELS", args.models), ("LINZOO_SPACE_RESULTS", args.results),
                         ("LINZOO_SPACE_FILLER", args.filler)):
         if value:
             os.environ[name] = value
-    results = results_paths()
-    launch(load_app(args.app).build_demo(default_models(), results), results, args.host, args.port)
-    return 0
+    return args.host, args.port
