@@ -1,0 +1,99 @@
+"""A user's own dataset files (`.jsonl`/`.json`/`.parquet`/`.txt`, or a folder of them) read with 🤗 datasets.
+
+What datasets and pyarrow cannot say in one line is checked here, naming the file: an empty file (datasets raises
+a bare StopIteration for an empty .jsonl), a line that is not JSON (datasets' DatasetGenerationError names neither
+file nor line), and text that is not UTF-8. Undecodable text is an error, not a warning with replacement
+characters: such a file is the wrong file or needs one `iconv`, and linzoo never changes a user's data silently.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import datasets
+
+from .base import TEXT_FEATURES
+from .text import chunk_text
+
+
+def read_local(path: Path, kind: str, suffixes: tuple[str, ...]) -> list[datasets.Dataset]:
+    """The file `path`, or every `suffixes` file below the folder `path` (sorted, hidden ones skipped), as datasets:
+    one for the JSON files, one for the Parquet files, one of `.txt` chunks (`chunk_text`) in a `text` column."""
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in suffixes
+                       and not any(part.startswith(".") for part in p.relative_to(path).parts))
+        if not files:
+            raise ValueError(f"folder {path} holds no {'/'.join(suffixes)} files")
+    elif path.suffix in suffixes:
+        files = [path]
+    else:
+        raise ValueError(f"{path}: unsupported file type for {kind} data; use one of {'/'.join(suffixes)}")
+    for f in files:
+        _check_not_empty(f, kind)
+    parts = []
+    json_files = [f for f in files if f.suffix in (".json", ".jsonl")]
+    parquet_files = [str(f) for f in files if f.suffix == ".parquet"]
+    if json_files:
+        parts.append(_read_json(json_files))
+    if parquet_files:
+        parts.append(datasets.Dataset.from_parquet(parquet_files))
+    txt_docs = [c for f in files if f.suffix == ".txt" for c in chunk_text(read_utf8(f))]
+    if txt_docs:
+        parts.append(datasets.Dataset.from_dict({"text": txt_docs}, features=TEXT_FEATURES))
+    return parts
+
+
+def _check_not_empty(path: Path, kind: str) -> None:
+    column = "text" if kind == "text" else "messages"
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        empty = path.stat().st_size == 0 or pq.ParquetFile(path).metadata.num_rows == 0
+        fill = f"rows with a `{column}` column"
+    else:
+        with open(path, "rb") as fh:
+            empty = not any(chunk.strip() for chunk in iter(lambda: fh.read(1 << 20), b""))
+        fill = "UTF-8 text" if path.suffix == ".txt" else f"one JSON object a line with a `{column}` field"
+    if empty:
+        raise ValueError(f"{kind} dataset file {path} is empty: write {fill} in it, or pass another file")
+
+
+def read_utf8(path: Path) -> str:
+    """`path`'s text, newlines made "\\n" (as `Path.read_text` does); an error naming the first byte that is not
+    UTF-8, or the first NUL byte (a binary file)."""
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not UTF-8 text: byte {err.start:,} (0x{data[err.start]:02x}) cannot be decoded; "
+                         f"convert the file (e.g. `iconv -f latin1 -t utf-8`) or pass another file") from None
+    if "\x00" in text:
+        raise ValueError(f"{path} holds NUL bytes (the first at byte {data.index(0):,}): a binary file, not text; "
+                         f"pass a UTF-8 text file")
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _read_json(files: list[Path]) -> datasets.Dataset:
+    try:
+        return datasets.Dataset.from_json([str(f) for f in files])
+    except datasets.exceptions.DatasetGenerationError as err:
+        for f in files:
+            _check_json(f)
+        raise ValueError(f"could not read {', '.join(map(str, files))} as JSON: {err.__cause__ or err}") from err
+
+
+def _check_json(path: Path) -> None:
+    """Raise naming the first line of `path` that is not JSON (a .json file may hold one JSON value or JSON lines)."""
+    text = read_utf8(path)
+    try:
+        json.loads(text)
+        return
+    except json.JSONDecodeError:
+        pass
+    for number, line in enumerate(text.split("\n"), 1):
+        try:
+            line.strip() and json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}: line {number} is not JSON ({err.msg}, column {err.colno}); a {path.suffix} "
+                             f"dataset holds one JSON object a line: fix or delete that line") from None
