@@ -8,6 +8,7 @@ characters: such a file is the wrong file or needs one `iconv`, and linzoo never
 
 from __future__ import annotations
 
+import codecs
 import json
 from pathlib import Path
 
@@ -30,7 +31,7 @@ def read_local(path: Path, kind: str, suffixes: tuple[str, ...]) -> list[dataset
     else:
         raise ValueError(f"{path}: unsupported file type for {kind} data; use one of {'/'.join(suffixes)}")
     for f in files:
-        _check_not_empty(f, kind)
+        _check_file(f, kind)
     parts = []
     json_files = [f for f in files if f.suffix in (".json", ".jsonl")]
     parquet_files = [str(f) for f in files if f.suffix == ".parquet"]
@@ -38,13 +39,13 @@ def read_local(path: Path, kind: str, suffixes: tuple[str, ...]) -> list[dataset
         parts.append(_read_json(json_files))
     if parquet_files:
         parts.append(datasets.Dataset.from_parquet(parquet_files))
-    txt_docs = [c for f in files if f.suffix == ".txt" for c in chunk_text(read_utf8(f))]
+    txt_docs = [c for f in files if f.suffix == ".txt" for c in chunk_text(f.read_text(encoding="utf-8"))]
     if txt_docs:
         parts.append(datasets.Dataset.from_dict({"text": txt_docs}, features=TEXT_FEATURES))
     return parts
 
 
-def _check_not_empty(path: Path, kind: str) -> None:
+def _check_file(path: Path, kind: str) -> None:
     column = "text" if kind == "text" else "messages"
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
@@ -52,26 +53,36 @@ def _check_not_empty(path: Path, kind: str) -> None:
         empty = path.stat().st_size == 0 or pq.ParquetFile(path).metadata.num_rows == 0
         fill = f"rows with a `{column}` column"
     else:
-        with open(path, "rb") as fh:
-            empty = not any(chunk.strip() for chunk in iter(lambda: fh.read(1 << 20), b""))
+        empty = _scan_text(path)
         fill = "UTF-8 text" if path.suffix == ".txt" else f"one JSON object a line with a `{column}` field"
     if empty:
         raise ValueError(f"{kind} dataset file {path} is empty: write {fill} in it, or pass another file")
 
 
-def read_utf8(path: Path) -> str:
-    """`path`'s text, newlines made "\\n" (as `Path.read_text` does); an error naming the first byte that is not
-    UTF-8, or the first NUL byte (a binary file)."""
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{path} is not UTF-8 text: byte {err.start:,} (0x{data[err.start]:02x}) cannot be decoded; "
-                         f"convert the file (e.g. `iconv -f latin1 -t utf-8`) or pass another file") from None
-    if "\x00" in text:
-        raise ValueError(f"{path} holds NUL bytes (the first at byte {data.index(0):,}): a binary file, not text; "
-                         f"pass a UTF-8 text file")
-    return text.replace("\r\n", "\n").replace("\r", "\n")
+def _scan_text(path: Path) -> bool:
+    """Whether `path` holds nothing but whitespace; an error naming the first byte that is not UTF-8, or the first NUL
+    byte (a binary file). Read in chunks: pyarrow's JSON reader lets bad UTF-8 through to fail later, nameless."""
+    decoder, offset, empty = codecs.getincrementaldecoder("utf-8")(), 0, True
+
+    def decode(chunk: bytes, final: bool = False):
+        pending = len(decoder.getstate()[0])  # bytes of a character cut by the previous chunk
+        try:
+            decoder.decode(chunk, final)
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{path} is not UTF-8 text: byte {offset - pending + err.start:,} "
+                             f"(0x{err.object[err.start]:02x}) cannot be decoded; convert the file "
+                             f"(e.g. `iconv -f latin1 -t utf-8`) or pass another file") from None
+
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 24), b""):
+            decode(chunk)
+            if b"\x00" in chunk:
+                raise ValueError(f"{path} holds NUL bytes (the first at byte {offset + chunk.index(0):,}): a binary "
+                                 f"file, not text; pass a UTF-8 text file")
+            empty = empty and not chunk.strip()
+            offset += len(chunk)
+        decode(b"", final=True)
+    return empty
 
 
 def _read_json(files: list[Path]) -> datasets.Dataset:
@@ -85,7 +96,7 @@ def _read_json(files: list[Path]) -> datasets.Dataset:
 
 def _check_json(path: Path) -> None:
     """Raise naming the first line of `path` that is not JSON (a .json file may hold one JSON value or JSON lines)."""
-    text = read_utf8(path)
+    text = path.read_text(encoding="utf-8")
     try:
         json.loads(text)
         return
