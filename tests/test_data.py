@@ -267,9 +267,10 @@ def test_bad_local_files_name_the_file_and_the_problem(tmp_path, kind, name, con
     else:
         path.write_bytes(content)
     load = load_text_dataset if kind == "text" else load_chat_dataset
-    for spec in (path, tmp_path):  # the file, and the folder holding it
+    for spec, otherwise in ((path, "pass another file"), (tmp_path, f"remove it from {tmp_path}")):  # file, folder
         with pytest.raises(ValueError, match=message) as err:
             load(str(spec))
+        assert "is empty" not in str(err.value) or str(err.value).endswith(otherwise)
         line = cli.error_line("linzoo linearize", err.value, bad_input=True)
         assert cli.raised_by_linzoo(err.value) and "\n" not in line and "--debug" not in line
 
@@ -431,6 +432,23 @@ def long_cache(tmp_path, monkeypatch):
     monkeypatch.delenv(long.CORPUS_ENV, raising=False)
     monkeypatch.setattr(long, "LONG_SOURCES", _stand_in_sources())
     return tmp_path
+
+
+def test_every_long_source_is_registered_and_documented():
+    """A source family is a module of linzoo/corpus/ with `SOURCES`: the registry `LONG_SOURCES` holds every one,
+    each name once, and results/corpus/README.md's table has a row for each."""
+    import importlib
+    import pkgutil
+
+    import linzoo.corpus
+
+    modules = [importlib.import_module(f"linzoo.corpus.{m.name}") for m in pkgutil.iter_modules(linzoo.corpus.__path__)]
+    declared = [source for module in modules for source in getattr(module, "SOURCES", ())]
+    assert declared and sorted(declared, key=id) == sorted(long.LONG_SOURCES, key=id)
+    names = [source.name for source in long.LONG_SOURCES]
+    assert len(set(names)) == len(names)
+    readme = (Path(__file__).resolve().parents[1] / "results" / "corpus" / "README.md").read_text()
+    assert [n for n in names if f"| {n} |" not in readme] == []
 
 
 def test_clean_document_removes_niah_text():

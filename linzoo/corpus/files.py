@@ -31,7 +31,7 @@ def read_local(path: Path, kind: str, suffixes: tuple[str, ...]) -> list[dataset
     else:
         raise ValueError(f"{path}: unsupported file type for {kind} data; use one of {'/'.join(suffixes)}")
     for f in files:
-        _check_file(f, kind)
+        _check_file(f, kind, f"remove it from {path}" if path.is_dir() else "pass another file")
     parts = []
     json_files = [f for f in files if f.suffix in (".json", ".jsonl")]
     parquet_files = [str(f) for f in files if f.suffix == ".parquet"]
@@ -45,7 +45,7 @@ def read_local(path: Path, kind: str, suffixes: tuple[str, ...]) -> list[dataset
     return parts
 
 
-def _check_file(path: Path, kind: str) -> None:
+def _check_file(path: Path, kind: str, otherwise: str) -> None:
     column = "text" if kind == "text" else "messages"
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
@@ -56,7 +56,7 @@ def _check_file(path: Path, kind: str) -> None:
         empty = _scan_text(path)
         fill = "UTF-8 text" if path.suffix == ".txt" else f"one JSON object a line with a `{column}` field"
     if empty:
-        raise ValueError(f"{kind} dataset file {path} is empty: write {fill} in it, or pass another file")
+        raise ValueError(f"{kind} dataset file {path} is empty: write {fill} in it, or {otherwise}")
 
 
 def _scan_text(path: Path) -> bool:
