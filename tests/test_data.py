@@ -252,6 +252,7 @@ BAD_FILES = [  # (kind, file name, content: bytes, or None for a 0-row parquet),
     ("text", "latin1.jsonl", '{"text": "café"}\n'.encode("latin-1"), r"latin1\.jsonl is not UTF-8 text: byte 13 \(0xe9\)"),
     ("text", "image.txt", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", r"image\.txt is not UTF-8 text: byte 0 \(0x89\)"),
     ("text", "nul.txt", b"abc\x00def", r"nul\.txt holds NUL bytes \(the first at byte 3\): a binary file"),
+    ("text", "text.parquet", b"just some text", r"text\.parquet is not a Parquet file"),
 ]
 
 

@@ -48,9 +48,13 @@ def read_local(path: Path, kind: str, suffixes: tuple[str, ...]) -> list[dataset
 def _check_file(path: Path, kind: str, otherwise: str) -> None:
     column = "text" if kind == "text" else "messages"
     if path.suffix == ".parquet":
+        import pyarrow
         import pyarrow.parquet as pq
 
-        empty = path.stat().st_size == 0 or pq.ParquetFile(path).metadata.num_rows == 0
+        try:
+            empty = path.stat().st_size == 0 or pq.ParquetFile(path).metadata.num_rows == 0
+        except pyarrow.ArrowInvalid as err:
+            raise ValueError(f"{path} is not a Parquet file ({err}); pass a .parquet file or rename it") from None
         fill = f"rows with a `{column}` column"
     else:
         empty = _scan_text(path)

