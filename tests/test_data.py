@@ -268,12 +268,20 @@ def test_bad_local_files_name_the_file_and_the_problem(tmp_path, kind, name, con
     else:
         path.write_bytes(content)
     load = load_text_dataset if kind == "text" else load_chat_dataset
-    for spec, otherwise in ((path, "pass another file"), (tmp_path, f"remove it from {tmp_path}")):  # file, folder
-        with pytest.raises(ValueError, match=message) as err:
+    for spec in (path, tmp_path):  # the file, and a folder holding only it
+        with pytest.raises(ValueError, match=message if spec == path or "is empty" not in message else "only empty") as err:
             load(str(spec))
-        assert "is empty" not in str(err.value) or str(err.value).endswith(otherwise)
         line = cli.error_line("linzoo linearize", err.value, bad_input=True)
         assert cli.raised_by_linzoo(err.value) and "\n" not in line and "--debug" not in line
+
+
+def test_empty_file_in_a_folder_is_skipped_with_a_warning(tmp_path):
+    """As an empty .txt always was (nothing in it to lose); the other files load."""
+    (tmp_path / "a.jsonl").write_text("".join(line + "\n" for line in _TEXT_LINES))
+    (tmp_path / "b.jsonl").write_text("")
+    (tmp_path / "c.txt").write_text("\n")
+    with pytest.warns(UserWarning, match="skipping 2 empty file\\(s\\) in .*: b.jsonl, c.txt"):
+        assert sorted(load_text_dataset(str(tmp_path))["text"]) == sorted(json.loads(line)["text"] for line in _TEXT_LINES)
 
 
 def test_empty_chat_file_exits_2_through_the_cli(tiny_student_dir, tmp_path, capsys):

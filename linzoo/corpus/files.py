@@ -1,7 +1,7 @@
 """A user's own dataset files (`.jsonl`/`.json`/`.parquet`/`.txt`, or a folder of them) read with 🤗 datasets.
 
 What datasets and pyarrow cannot say in one line is checked here, naming the file: an empty file (datasets raises
-a bare StopIteration for an empty .jsonl), a line that is not JSON (datasets' DatasetGenerationError names neither
+a bare StopIteration for an empty .jsonl; inside a folder one is skipped with a warning), a line that is not JSON (datasets' DatasetGenerationError names neither
 file nor line), and text that is not UTF-8. Undecodable text is an error, not a warning with replacement
 characters: such a file is the wrong file or needs one `iconv`, and linzoo never changes a user's data silently.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import warnings
 from pathlib import Path
 
 import datasets
@@ -30,8 +31,16 @@ def read_local(path: Path, kind: str, suffixes: tuple[str, ...]) -> list[dataset
         files = [path]
     else:
         raise ValueError(f"{path}: unsupported file type for {kind} data; use one of {'/'.join(suffixes)}")
-    for f in files:
-        _check_file(f, kind, f"remove it from {path}" if path.is_dir() else "pass another file")
+    empty = [f for f in files if _is_empty(f)]
+    if empty == files:
+        column = "text" if kind == "text" else "messages"
+        fill = {".txt": "UTF-8 text", ".parquet": f"rows with a `{column}` column"}.get(
+            files[0].suffix, f"one JSON object a line with a `{column}` field")
+        what = f"folder {path} holds only empty files" if path.is_dir() else f"file {path} is empty"
+        raise ValueError(f"{kind} dataset {what}: write {fill} in it, or pass another file")
+    if empty:  # as an empty .txt always was: nothing in it to lose
+        warnings.warn(f"linzoo: skipping {len(empty)} empty file(s) in {path}: {', '.join(f.name for f in empty[:5])}")
+        files = [f for f in files if f not in empty]
     parts = []
     json_files = [f for f in files if f.suffix in (".json", ".jsonl")]
     parquet_files = [str(f) for f in files if f.suffix == ".parquet"]
@@ -45,22 +54,16 @@ def read_local(path: Path, kind: str, suffixes: tuple[str, ...]) -> list[dataset
     return parts
 
 
-def _check_file(path: Path, kind: str, otherwise: str) -> None:
-    column = "text" if kind == "text" else "messages"
-    if path.suffix == ".parquet":
-        import pyarrow
-        import pyarrow.parquet as pq
+def _is_empty(path: Path) -> bool:
+    if path.suffix != ".parquet":
+        return _scan_text(path)
+    import pyarrow
+    import pyarrow.parquet as pq
 
-        try:
-            empty = path.stat().st_size == 0 or pq.ParquetFile(path).metadata.num_rows == 0
-        except pyarrow.ArrowInvalid as err:
-            raise ValueError(f"{path} is not a Parquet file ({err}); pass a .parquet file or rename it") from None
-        fill = f"rows with a `{column}` column"
-    else:
-        empty = _scan_text(path)
-        fill = "UTF-8 text" if path.suffix == ".txt" else f"one JSON object a line with a `{column}` field"
-    if empty:
-        raise ValueError(f"{kind} dataset file {path} is empty: write {fill} in it, or {otherwise}")
+    try:
+        return path.stat().st_size == 0 or pq.ParquetFile(path).metadata.num_rows == 0
+    except pyarrow.ArrowInvalid as err:
+        raise ValueError(f"{path} is not a Parquet file ({err}); pass a .parquet file or rename it") from None
 
 
 def _scan_text(path: Path) -> bool:
