@@ -1,9 +1,10 @@
 """A user's own dataset files (`.jsonl`/`.json`/`.parquet`/`.txt`, or a folder of them) read with 🤗 datasets.
 
 What datasets and pyarrow cannot say in one line is checked here, naming the file: an empty file (datasets raises
-a bare StopIteration for an empty .jsonl; inside a folder one is skipped with a warning), a line that is not JSON (datasets' DatasetGenerationError names neither
-file nor line), and text that is not UTF-8. Undecodable text is an error, not a warning with replacement
-characters: such a file is the wrong file or needs one `iconv`, and linzoo never changes a user's data silently.
+a bare StopIteration for an empty .jsonl; inside a folder one is skipped with a warning), a line that is not JSON
+(datasets' DatasetGenerationError names neither file nor line), and text that is not UTF-8. Undecodable text is an
+error, not a warning with replacement characters: such a file is the wrong file or needs one `iconv`, and linzoo
+never changes a user's data silently.
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ def read_local(path: Path, kind: str, suffixes: tuple[str, ...]) -> list[dataset
         column = "text" if kind == "text" else "messages"
         fill = {".txt": "UTF-8 text", ".parquet": f"rows with a `{column}` column"}.get(
             files[0].suffix, f"one JSON object a line with a `{column}` field")
-        what = f"folder {path} holds only empty files" if path.is_dir() else f"file {path} is empty"
-        raise ValueError(f"{kind} dataset {what}: write {fill} in it, or pass another file")
+        what = f"folder {path} holds only empty files: write {fill} in them" if path.is_dir() else \
+            f"file {path} is empty: write {fill} in it"
+        raise ValueError(f"{kind} dataset {what}, or pass another file")
     if empty:  # as an empty .txt always was: nothing in it to lose
         warnings.warn(f"linzoo: skipping {len(empty)} empty file(s) in {path}: {', '.join(f.name for f in empty[:5])}")
         files = [f for f in files if f not in empty]
