@@ -295,8 +295,9 @@ def test_empty_chat_file_exits_2_through_the_cli(tiny_student_dir, tmp_path, cap
     code = cli.main(["sft", "--model_name_or_path", str(tiny_student_dir), "--dataset", str(tmp_path / "chats.jsonl"),
                      "--output_dir", str(tmp_path / "out"), "--max_seq_length", "64", "--total_tokens", "128"])
     lines = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and lines[-1] == (f"linzoo sft: error: chat dataset file {tmp_path / 'chats.jsonl'} is empty: "
-                                       "write one JSON object a line with a `messages` field in it, or pass another file")
+    assert code == 2 and lines[-1] == (
+        f"linzoo sft: error: chat dataset file {tmp_path / 'chats.jsonl'} is empty: "
+        "write one JSON object a line with a `messages` field in it, or pass another file")
 
 
 def test_unknown_specs_raise(monkeypatch):
