@@ -87,7 +87,7 @@ def verify_folder(folder) -> None:
 def _verified_marker(path: Path, digest: str) -> Path | None:
     """The marker of `path` in its present state matching `digest`; None where the cache cannot be written (then
     every load hashes)."""
-    from .pypi_files import cache_dir
+    from .registry_files import cache_dir
 
     st = path.stat()
     state = f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}:{digest}"
