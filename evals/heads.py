@@ -26,6 +26,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from linzoo.capture import mixer_io
+
 from .common import EvalSpec, ModelArguments, load_for_eval, measured, model_device, name_of, parse_list, render, write_json
 from .niah import build_haystack, sample_seed
 
@@ -75,17 +77,8 @@ def layer_weights(model, input_ids: torch.Tensor, rows: list[int]) -> list[torch
         if getattr(model.config, "_attn_implementation", "eager") != "eager":
             model.set_attn_implementation("eager")
         return [a[0, :, rows].float() for a in model(input_ids=ids, output_attentions=True).attentions]
-    inputs, hooks = {}, []
-    for i, module in enumerate(mixer_modules(model)):
-        def keep(mod, args, kwargs, i=i):
-            inputs[i] = (args[0] if args else kwargs["hidden_states"], kwargs.get("position_ids"))
-        hooks.append(module.register_forward_pre_hook(keep, with_kwargs=True))
-    try:
-        model(input_ids=ids)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return [module.token_weights(inputs[i][0], position_ids=inputs[i][1])[0, :, rows].float()
+    io = mixer_io(model, ids)
+    return [module.token_weights(io[i].input, **io[i].kwargs)[0, :, rows].float()
             for i, module in enumerate(mixer_modules(model))]
 
 

@@ -26,6 +26,8 @@ import time
 
 import torch
 
+from .capture import mixer_io
+
 # Per-head candidates (tokens for a half-life, beta or input-gate level for a strength). The first search holds the
 # later knobs at their default.
 CANDIDATES = {"half_life": (2.0, 8.0, 32.0, 128.0, 2048.0), "strength": (0.05, 0.2, 0.5)}
@@ -37,32 +39,6 @@ KNOB_TOKENS = 512
 
 
 @torch.no_grad()
-def teacher_layer_io(teacher, input_ids, layers):
-    """{layer: (x, y, a)}: the teacher attention's input x [B, T, hidden] (after input_layernorm), its output y after
-    o_proj and its per-head output a [B, T, heads * head_dim] before o_proj, for `layers`."""
-    io, hooks = {i: [None, None, None] for i in layers}, []
-
-    def keep(i, slot, take):
-        def hook(module, args, kwargs, out):
-            io[i][slot] = take(args, kwargs, out)
-        return hook
-
-    for i in layers:
-        attn = teacher.model.layers[i].self_attn
-        hooks.append(attn.register_forward_hook(keep(i, 0, lambda a, kw, o: a[0] if a else kw["hidden_states"]),
-                                                with_kwargs=True))
-        hooks.append(attn.register_forward_hook(keep(i, 1, lambda a, kw, o: o[0] if isinstance(o, tuple) else o),
-                                                with_kwargs=True))
-        hooks.append(attn.o_proj.register_forward_hook(keep(i, 2, lambda a, kw, o: a[0] if a else kw["input"]),
-                                                       with_kwargs=True))
-    try:
-        teacher(input_ids=input_ids, use_cache=False, logits_to_keep=1)
-    finally:
-        for h in hooks:
-            h.remove()
-    return {i: tuple(v) for i, v in io.items()}
-
-
 @torch.no_grad()
 def normalised_heads(mixer, x):
     """The mixer's per-head outputs on x after its output norm's normalisation, before its weight: [N, H, D] fp32."""
@@ -163,11 +139,11 @@ def fit_to_teacher(student, teacher, input_ids, verbose=False):
     input_ids = torch.as_tensor(input_ids).to(next(teacher.parameters()).device)
     if input_ids.dim() == 1:
         input_ids = input_ids[None]
-    io = teacher_layer_io(teacher, input_ids, layers)
+    io = mixer_io(teacher, input_ids, layers=layers, heads=True)
     report = {}
     for i in layers:
         mixer = student.model.layers[i].self_attn
-        x, y, a = io.pop(i)
+        x, y, _, a = io.pop(i)
         x = x.to(mixer.o_proj.weight.dtype)
         H = mixer.num_heads
         # The knobs are chosen on the first KNOB_TOKENS (512 tokens chose them about as well as 2,048:

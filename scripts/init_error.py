@@ -6,7 +6,7 @@
 
 For every mixer it builds two students from the teacher and measures each layer's attention-output error
 ||mixer(x_l) - attn(x_l)||^2 / ||attn(x_l)||^2, x_l the teacher's own input to layer l (teacher-forced: stage 1's
-loss, `AttentionTransferTrainer.attention_transfer_loss` on the trainer's `_layer_io`), on held-out text (the embedded
+loss, `AttentionTransferTrainer.attention_transfer_loss` on `linzoo.capture.mixer_io`), on held-out text (the embedded
 test split, `--rows` x `--length` tokens):
   - "plain": each mixer's plain start, as every student began before the start fitted to the teacher existed, and
     as `linearize(teacher, mixer)` still builds without calibration tokens;
@@ -28,10 +28,11 @@ from pathlib import Path
 import torch
 
 import linzoo
-from linzoo.calibrate import fit_output_norm, normalised_heads, teacher_layer_io
+from linzoo.calibrate import fit_output_norm, normalised_heads
+from linzoo.capture import mixer_io
 from linzoo.data import load_text_dataset
 from linzoo.modeling.mixers import MIXER_CLASSES
-from linzoo.trainers.linearize_trainer import AttentionTransferTrainer, _layer_io
+from linzoo.trainers.linearize_trainer import AttentionTransferTrainer
 
 
 def text_ids(tokenizer, split, rows, length):
@@ -94,13 +95,13 @@ def statistics_start(teacher, mixer, ids, conv_activation):
     torch.manual_seed(0)
     student = linzoo.linearize(teacher, mixer, conv_activation=conv_activation, kernel_backend="torch").eval()
     stats = attention_statistics(teacher, ids)
-    io = teacher_layer_io(teacher, ids, range(len(student.model.layers)))
+    io = mixer_io(teacher, ids)
     for i, layer in enumerate(student.model.layers):
         attn, (distance, entropy) = layer.self_attn, stats[i]
         concentration = 1 - (entropy - entropy.min()) / (entropy.max() - entropy.min()).clamp_min(1e-3)
         knobs = {"half_life": distance.clamp_min(0.5), "strength": 0.3 + 0.4 * concentration}
         attn.set_start_knobs(**{k: knobs[k] for k in attn.start_knobs})
-        x, y, _ = io[i]
+        x, y = io[i].input, io[i].output
         w, _ = fit_output_norm(normalised_heads(attn, x), y.reshape(-1, y.shape[-1]), attn.o_proj.weight)
         attn.o_norm.weight.copy_(w)
     return student, stats
@@ -178,7 +179,7 @@ def main():
     held_out = text_ids(tokenizer, "test", args.rows, args.length)
     calibration = text_ids(tokenizer, "train", args.calibration_rows, args.length)
     with torch.no_grad():
-        io = _layer_io(teacher, held_out, None)
+        io = [(v.input, v.output) for v in mixer_io(teacher, held_out).values()]
     teacher_ppl = perplexity(teacher, held_out)
     print(f"teacher perplexity {teacher_ppl:.2f}; held-out {tuple(held_out.shape)} tokens, calibration {tuple(calibration.shape)}, "
           f"{torch.get_num_threads()} threads")
