@@ -19,10 +19,9 @@ from pathlib import Path
 
 import torch
 from transformers import set_seed
-from transformers.trainer_utils import get_last_checkpoint
-from trl import TrlParser
 
-from .common import save_with_lineage, steps_for_tokens
+from .common import (check_epochs, last_complete_checkpoint, parse_config, run_arguments, run_folder, save_with_lineage,
+                     steps_for_tokens, write_json)
 from .linearize_config import LinearizeConfig
 from .linearize_trainer import AttentionTransferTrainer, HiddenAlignmentTrainer, KnowledgeDistillationTrainer
 
@@ -76,7 +75,7 @@ def run_stage(index, student, teacher, tokenizer, dataset, args):
     set_trainable(student, args.stage_trainable[index])
     trainer = trainer_cls(model=student, args=cfg, train_dataset=dataset, processing_class=tokenizer,
                           teacher_model=teacher)
-    resume = get_last_checkpoint(str(stage_dir)) if stage_dir.is_dir() else None
+    resume = last_complete_checkpoint(stage_dir)
     if resume:
         print(f"linzoo: resuming {name} from {resume}")
     print(f"linzoo: {name}: {steps} steps x {per_step} tokens = {steps * per_step:,} tokens")
@@ -97,7 +96,7 @@ def run_stage(index, student, teacher, tokenizer, dataset, args):
     }
     trainer.save_model(str(stage_dir))
     if trainer.is_world_process_zero():
-        (stage_dir / "stage_done.json").write_text(json.dumps(summary, indent=1))
+        write_json(stage_dir / "stage_done.json", summary)
     trainer.accelerator.wait_for_everyone()
     return summary
 
@@ -115,6 +114,11 @@ def calibration_ids(text, tokenizer, tokens, length=512):
 
 
 def linearize_run(args: LinearizeConfig):
+    with run_folder(args, "linearize", run_arguments(args)):
+        return _linearize(args)
+
+
+def _linearize(args: LinearizeConfig):
     from .. import linearize, load_teacher
     from ..convert import fresh_parameters
     from ..data import load_chat_dataset, load_text_dataset, pack_dataset, with_chats, with_repeats
@@ -126,6 +130,8 @@ def linearize_run(args: LinearizeConfig):
     if args.chat_fraction > 0:
         text = with_chats(text, load_chat_dataset(args.chat_dataset, split="train"), tokenizer, args.chat_fraction, args.seed)
     dataset = pack_dataset(text, tokenizer, args.max_seq_length, max_tokens=args.total_tokens)
+    check_epochs(args, sum(steps_for_tokens(n, args, args.max_seq_length)[0] for n in args.stage_tokens() if n),
+                 len(dataset))
     out = Path(args.output_dir)
     summaries, student = [], None
     for index, (name, _) in enumerate(STAGES):
@@ -172,7 +178,7 @@ def linearize_run(args: LinearizeConfig):
 
 
 def main(argv=None):
-    (args,) = TrlParser(LinearizeConfig).parse_args_and_config(argv)
+    (args,) = parse_config(LinearizeConfig, argv)
     student, tokenizer, record = linearize_run(args)
     for s in record["stages"]:
         steady = s.get("tokens_per_second_steady")  # the loop's own speed; else wall time (start-up included)

@@ -6,11 +6,11 @@ from pathlib import Path
 from trl import SFTConfig
 
 from ..modeling.mixers import DEFAULT_MIXER, MIXERS
-from .common import KDArguments, default_bf16
+from .common import KDArguments, RunArguments, default_bf16
 
 
 @dataclass
-class LinearizeConfig(SFTConfig, KDArguments):
+class LinearizeConfig(RunArguments, SFTConfig, KDArguments):
     r"""
     Stage 1 (attention transfer), stage 2 (hidden-state alignment) and stage 3 (knowledge distillation) of
     linearizing a teacher, as in "What Matters in Linearizing Language Models?" (arXiv 2504.14366).
@@ -94,6 +94,7 @@ class LinearizeConfig(SFTConfig, KDArguments):
             self.output_dir = str(Path("runs") / teacher / self.mixer / "base")
         self.max_length = self.max_seq_length
         default_bf16(self)
+        self.check_run()
         super().__post_init__()
 
     def stage_tokens(self):
