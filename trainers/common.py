@@ -154,36 +154,34 @@ def write_json(path, data):
 
 
 def _claim(out: Path, command: str, arguments: dict, overwrite: bool):
-    """Checks `out`'s recorded run against this one, starts over if asked, records this one."""
-    run = {"command": command, "arguments": arguments}
+    """Records this run in a new (or emptied, --overwrite_output_dir) folder; in one holding a run, checks that it is
+    this one."""
     recorded = json.loads((out / RUN_FILE).read_text()) if (out / RUN_FILE).is_file() else None
-    contents = [p for p in out.iterdir() if p.name != LOCK_FILE]
-    ours = recorded is not None or (out / "linzoo_training.json").is_file()
-    if contents and not ours:
-        raise ValueError(
-            f"--output_dir {out} is not empty and holds no {RUN_FILE} (the arguments of the run that wrote it): "
-            "nothing tells whether its files belong to this run. Pick a new or empty --output_dir."
-        )
-    if contents and overwrite:
-        for p in contents:
-            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
-        print(f"linzoo: --overwrite_output_dir: deleted the earlier run in {out}; starting over")
-    elif contents:
-        if recorded is None:
+    if any(not p.name.startswith(".") for p in out.iterdir()):  # hidden: the lock, a killed write's temporary file
+        if recorded is None and not (out / "linzoo_training.json").is_file():
+            raise ValueError(f"--output_dir {out} is not empty and holds no {RUN_FILE} (the arguments of the run that "
+                             "wrote it): nothing tells whether its files belong to this run. Pick a new or empty folder.")
+        if overwrite:
+            for p in out.iterdir():
+                if p.name != LOCK_FILE:
+                    shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+            print(f"linzoo: --overwrite_output_dir: deleted the earlier run in {out}; starting over")
+        elif recorded is None:
             raise ValueError(f"{out} holds a run made before linzoo recorded its arguments ({RUN_FILE}): pass "
                              "--overwrite_output_dir true to start over, or pick another --output_dir.")
-        old = {"command": recorded["command"], **recorded["arguments"]}
-        new = {"command": command, **arguments}
-        differ = [f"{k} {old.get(k, '(unset)')!r} -> {new.get(k, '(unset)')!r}"
-                  for k in dict.fromkeys([*old, *new]) if old.get(k, "(unset)") != new.get(k, "(unset)")]
-        if differ:
-            raise ValueError(
-                f"{out} holds a {recorded['command']} run with other arguments ({'; '.join(differ)}): rerun with its "
-                "arguments to resume it, pass --overwrite_output_dir true to start over (deletes its contents), or "
-                "pick another --output_dir."
-            )
-        return
-    write_json(out / RUN_FILE, run)
+        else:
+            old, new = {"command": recorded["command"], **recorded["arguments"]}, {"command": command, **arguments}
+            unset = "(unset)"
+            differ = [f"{k} {old.get(k, unset)!r} -> {new.get(k, unset)!r}"
+                      for k in dict.fromkeys([*old, *new]) if old.get(k, unset) != new.get(k, unset)]
+            if differ:
+                raise ValueError(
+                    f"{out} holds a {recorded['command']} run with other arguments ({'; '.join(differ)}): rerun with "
+                    "its arguments to resume it, pass --overwrite_output_dir true to start over (deletes its "
+                    "contents), or pick another --output_dir."
+                )
+            return
+    write_json(out / RUN_FILE, {"command": command, "arguments": arguments})
 
 
 @contextlib.contextmanager
@@ -259,6 +257,22 @@ def save_with_lineage(model, tokenizer, out, stage, parent, record):
     (out / "linzoo_training.json").write_text(json.dumps({"stage": stage, "parent": parent, **record}, indent=1))
 
 
+def train_resumed(trainer, resume):
+    """`trainer.train(resume_from_checkpoint=resume)`; but from a checkpoint at the last step (a run killed after it,
+    before its end) the Trainer would train a step more (it checks for the end only after a step), so the checkpoint's
+    weights and state are taken as they are and None returned."""
+    from transformers.trainer import TRAINER_STATE_NAME, TrainerState
+
+    if resume:
+        state = TrainerState.load_from_json(os.path.join(resume, TRAINER_STATE_NAME))
+        if state.global_step >= trainer.args.max_steps:
+            print(f"linzoo: {resume} is the last step: nothing left to train")
+            trainer._load_from_checkpoint(resume)
+            trainer.state = state
+            return None
+    return trainer.train(resume_from_checkpoint=resume)
+
+
 def train_and_save(trainer, model, tokenizer, args, model_args, stage, record):
     """Train (resuming from the last checkpoint in output_dir), merge LoRA, save with lineage."""
     out = args.output_dir
@@ -267,7 +281,7 @@ def train_and_save(trainer, model, tokenizer, args, model_args, stage, record):
     if resume:
         print(f"linzoo: resuming from {resume}")
     start = time.time()
-    trainer.train(resume_from_checkpoint=resume)
+    train_resumed(trainer, resume)
     if model_args.use_peft:
         model = trainer.model.merge_and_unload()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]

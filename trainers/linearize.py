@@ -21,7 +21,7 @@ import torch
 from transformers import set_seed
 
 from .common import (check_epochs, last_complete_checkpoint, parse_config, run_arguments, run_folder, save_with_lineage,
-                     steps_for_tokens, write_json)
+                     steps_for_tokens, train_resumed, write_json)
 from .linearize_config import LinearizeConfig
 from .linearize_trainer import AttentionTransferTrainer, HiddenAlignmentTrainer, KnowledgeDistillationTrainer
 
@@ -80,7 +80,7 @@ def run_stage(index, student, teacher, tokenizer, dataset, args):
         print(f"linzoo: resuming {name} from {resume}")
     print(f"linzoo: {name}: {steps} steps x {per_step} tokens = {steps * per_step:,} tokens")
     start = time.time()
-    result = trainer.train(resume_from_checkpoint=resume)
+    result = train_resumed(trainer, resume)
     seconds = time.time() - start
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     done_before = int(Path(resume).name.split("-")[-1]) if resume else 0  # steps of an earlier, killed run
@@ -92,7 +92,7 @@ def run_stage(index, student, teacher, tokenizer, dataset, args):
         "tokens_per_second": round((steps - done_before) * per_step / seconds, 1),
         # ... and the median over logging intervals after the first (the training loop's own speed)
         "tokens_per_second_steady": steady[len(steady) // 2] if steady else None,
-        "first_loss": losses[0] if losses else None, "final_loss": losses[-1] if losses else result.training_loss,
+        "first_loss": losses[0] if losses else None, "final_loss": losses[-1] if losses else result and result.training_loss,
     }
     trainer.save_model(str(stage_dir))
     if trainer.is_world_process_zero():
