@@ -587,3 +587,128 @@ def test_kills_anywhere_then_rerun_end_as_an_unkilled_run(tiny_teacher_dir, tiny
         assert weights.keys() == expected_weights.keys()
         assert all(torch.equal(weights[k], expected_weights[k]) for k in weights), chain
     assert {where.split()[0] for chain in killed for where in chain} == set(kinds), killed
+
+
+def test_resume_takes_the_newest_complete_checkpoint_and_moves_the_rest_aside(tmp_path, capsys):
+    """A checkpoint counts when its trainer_state.json (the Trainer's last write into it) reads back at its step;
+    newer ones, half-written by a killed run, are moved aside (never deleted) with a line each."""
+    from linzoo.trainers.common import last_complete_checkpoint
+
+    def checkpoint(step, state):
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        (folder / "optimizer.pt").write_bytes(b"\0" * 10)
+        if state is not None:
+            (folder / "trainer_state.json").write_text(state)
+        return folder
+
+    checkpoint(2, json.dumps({"global_step": 2}))
+    checkpoint(4, json.dumps({"global_step": 4}))
+    checkpoint(6, json.dumps({"global_step": 6})[:9])  # killed while writing its state
+    checkpoint(8, None)  # killed before
+    assert last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-4")
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(" is incomplete")[0] for line in out] == [f"linzoo: {tmp_path}/checkpoint-{s}" for s in (8, 6)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "checkpoint-2", "checkpoint-4", "incomplete-checkpoint-6", "incomplete-checkpoint-8"]
+    assert (tmp_path / "incomplete-checkpoint-6" / "optimizer.pt").read_bytes() == b"\0" * 10
+    checkpoint(6, None)  # killed at the same step again: a second folder beside the first
+    assert last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-4")
+    assert (tmp_path / "incomplete-checkpoint-6-2").is_dir()
+    assert last_complete_checkpoint(tmp_path / "none") is None
+
+
+def test_a_budget_far_beyond_the_data_needs_a_flag(tiny_teacher_dir, tiny_corpus, tmp_path, monkeypatch, capsys):
+    """--total_tokens 10^12 on a few thousand tokens planned billions of steps without a word; now the epochs are
+    printed and more than 20 are refused (before the fit to the teacher) unless --allow_many_epochs."""
+    import linzoo
+    from linzoo.trainers import linearize
+    from linzoo.trainers.common import check_epochs
+
+    monkeypatch.setattr(linzoo, "linearize", lambda *a, **k: pytest.fail("went on to build the student"))
+    argv = _linearize_argv(tiny_teacher_dir, tiny_corpus, tmp_path / "run", tokens=10**12)
+    with pytest.raises(ValueError, match=r"--total_tokens 1,000,000,000,000 is [\d,]+ passes over the data .*"
+                                         r"--allow_many_epochs true"):
+        linearize.main(argv)
+    assert " epochs" in capsys.readouterr().out
+    cfg = LinearizeConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, allow_many_epochs=True)
+    check_epochs(cfg, steps=1000, rows=10)  # 200 epochs, allowed
+    assert "= 200.00 epochs" in capsys.readouterr().out
+    cfg.allow_many_epochs = False
+    check_epochs(cfg, steps=100, rows=10)  # 20: the bound itself is allowed
+    with pytest.raises(ValueError, match="passes over the data"):
+        check_epochs(cfg, steps=101, rows=10)
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file", "read-only", "in use"])
+def test_an_unusable_output_dir_fails_before_any_work(tiny_teacher_dir, tiny_corpus, tmp_path, monkeypatch, capsys,
+                                                      where):
+    """A file, a path under a file, a read-only folder, a folder another run holds: one line, exit 2, before the
+    teacher loads (a read-only folder surfaced only at the first save, after the calibration)."""
+    from filelock import FileLock
+
+    import linzoo
+    from linzoo import cli
+    from linzoo.trainers.common import LOCK_FILE
+
+    out = tmp_path / "out"
+    if where == "a file":
+        out.write_text("not a folder")
+    elif where == "under a file":
+        (tmp_path / "file").write_text("")
+        out = tmp_path / "file" / "out"
+    elif where == "read-only":
+        out.mkdir()
+        out.chmod(0o555)
+        if os.access(out, os.W_OK):
+            pytest.skip("root writes to read-only folders")
+    else:
+        out.mkdir()
+        other = FileLock(out / LOCK_FILE)
+        other.acquire()
+    monkeypatch.setattr(linzoo, "load_teacher", lambda *a, **k: pytest.fail("loaded the teacher"))
+    assert cli.main(["linearize", *_linearize_argv(tiny_teacher_dir, tiny_corpus, out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"linzoo linearize: error: --output_dir {out} "), err
+    assert {"a file": "is a file", "under a file": "not writable (Not a directory)", "read-only": "not writable",
+            "in use": "in use by another linzoo run"}[where] in err
+
+
+def test_a_malformed_yaml_config_is_one_line(tmp_path, capsys):
+    from linzoo import cli
+
+    config = tmp_path / "recipe.yaml"
+    config.write_text("mixer: gla\n  total_tokens: 5\n")
+    for command in ("linearize", "sft", "distill-instruct"):
+        assert cli.main([command, "--config", str(config), "--output_dir", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err
+        assert err == (f"linzoo {command}: error: --config: not valid YAML at {config}, line 2, column 15: mapping "
+                       "values are not allowed here\n"), err
+
+
+def test_no_library_warning_ahead_of_our_own_words(tmp_path):
+    """TRL defaulted checkpointing on under `gradient_checkpointing`, the alias TrainingArguments deprecates: every
+    config printed a FutureWarning (and distill-instruct trl.experimental's import notice) ahead of anything linzoo
+    said, errors included. Same default now, without a warning; the old flag still works, with its warning."""
+    import subprocess
+    import sys
+    import warnings
+
+    from linzoo.trainers.distill_instruct_config import InstructDistillConfig
+    from linzoo.trainers.sft import LinzooSFTConfig
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for cls in (LinearizeConfig, LinzooSFTConfig, InstructDistillConfig):
+            cfg = dataclasses.replace(cls(output_dir=str(tmp_path)), learning_rate=0.1)  # a stage's copy too
+            assert cfg.activation_checkpointing is True and cfg.gradient_checkpointing is True
+        for recipe in RECIPES.glob("*/linearize.yaml"):
+            TrlParser(LinearizeConfig).parse_args_and_config(["--config", str(recipe), "--bf16", "false"])
+    assert not [w for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning))], caught
+    with pytest.warns(FutureWarning, match="gradient_checkpointing"):
+        assert LinearizeConfig(output_dir=str(tmp_path), gradient_checkpointing=False).activation_checkpointing is False
+    # in a fresh process (the import notice comes once): the error line is all that is printed
+    done = subprocess.run([sys.executable, "-m", "linzoo.cli", "distill-instruct", "--model_name_or_path", "x",
+                           "--kd_alpha", "2", "--output_dir", str(tmp_path / "out")], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONWARNINGS": "default"})
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "kd_alpha must lie" in done.stderr, done.stderr
