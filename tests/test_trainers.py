@@ -402,15 +402,16 @@ def test_a_rerun_with_other_arguments_is_refused(finished_run, tiny_corpus, tmp_
 
 def test_a_killed_run_is_held_to_its_arguments_and_overwrite_starts_over(tiny_teacher_dir, tiny_corpus, tmp_path,
                                                                          monkeypatch, capsys):
-    """The arguments are recorded when a run starts, so a run killed in stage 2 cannot be finished with another mixer;
-    --overwrite_output_dir deletes what it left and starts over: weights, config and record all of the new run."""
+    """The arguments are recorded when a run starts, so a run stopped in stage 2 (Ctrl-C here) cannot be finished with
+    another mixer; --overwrite_output_dir deletes what it left and starts over: weights, config and record all of the
+    new run."""
     from linzoo.trainers import linearize
 
     out = tmp_path / "run"
     argv = _linearize_argv(tiny_teacher_dir, tiny_corpus, out, tokens=600)
     with monkeypatch.context() as m:
-        m.setattr(linearize.HiddenAlignmentTrainer, "stage_loss", lambda *a: (_ for _ in ()).throw(_Killed()))
-        with pytest.raises(_Killed):
+        m.setattr(linearize.HiddenAlignmentTrainer, "stage_loss", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+        with pytest.raises(KeyboardInterrupt):
             linearize.main(argv)
     assert (out / "stage1-attention-transfer" / "stage_done.json").is_file()
     with pytest.raises(ValueError, match="mixer 'gated_deltanet' -> 'gla'"):
@@ -561,7 +562,7 @@ def test_kills_anywhere_then_rerun_end_as_an_unkilled_run(tiny_teacher_dir, tiny
         process = multiprocessing.get_context("fork").Process(target=child)
         process.start()
         process.join()
-        return process.exitcode, json.loads(log.read_text())
+        return process.exitcode, json.loads(log.read_text()) if log.is_file() else None  # None: it failed
 
     def result(out):
         losses = [(s["stage"], s["first_loss"], s["final_loss"]) for s in _record(out)["stages"]]
@@ -569,7 +570,7 @@ def test_kills_anywhere_then_rerun_end_as_an_unkilled_run(tiny_teacher_dir, tiny
 
     kinds = ("step", "open", "torch.save", "safetensors")
     code, events = run(tmp_path / "plain")
-    assert code == 0 and set(events) == set(kinds), (code, set(events))
+    assert code == 0 and set(events) == set(kinds), (code, events)
     expected_losses, expected_weights = result(tmp_path / "plain")
     rng, killed = random.Random(0), []  # killed: where each chain's kills fell
     while sum(map(len, killed)) < 20:
