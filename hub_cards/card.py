@@ -66,9 +66,23 @@ def checkpoint_info(folder) -> dict:
     if config is None:
         raise FileNotFoundError(f"{folder} holds no config.json: not a model folder.")
     training = read_json(folder / "linzoo_training.json") or {}
+    check_record(folder, config, training)
     state = read_json(folder / "trainer_state.json") or {}
     return {"config": config, "training": training, "trainer_state": state, "stage": training.get("stage") or "base",
             "teacher": config.get("teacher") or training.get("teacher"), "parent": training.get("parent")}
+
+
+def check_record(folder, config: dict, training: dict):
+    """config.json says what the weights are, linzoo_training.json what the run says it made: a card is built only
+    when they agree on what both state (the mixer; a base student's teacher; an instruct stage's teacher is another)."""
+    stated = {"mixer": training.get("mixer")}
+    if training.get("stage", "base") == "base":
+        stated["teacher"] = training.get("teacher")
+    differ = [f"{key} {config[key]!r} in config.json, {value!r} in linzoo_training.json"
+              for key, value in stated.items() if value is not None and key in config and config[key] != value]
+    if differ:
+        raise ValueError(f"{folder}: the weights and their record disagree ({'; '.join(differ)}): the record is not "
+                         "of these weights. Train again into a new --output_dir (or with --overwrite_output_dir true).")
 
 
 def is_hub_id(name: str | None) -> bool:

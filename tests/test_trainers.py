@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -81,7 +82,8 @@ def test_chat_configs_take_linzoo_defaults(tmp_path):
     for cls in (LinzooSFTConfig, InstructDistillConfig):
         cfg = cls(output_dir=str(tmp_path))
         for f in dataclasses.fields(ChatRunArguments):
-            if f.name != "report_to":  # TrainingArguments turns "none" into []
+            # TrainingArguments turns "none" into [] and mirrors activation_checkpointing into its deprecated alias
+            if f.name not in ("report_to", "gradient_checkpointing"):
                 assert getattr(cfg, f.name) == f.default, (cls.__name__, f.name)
         assert cfg.report_to in ([], "none", ["none"])
         assert cfg.max_length == cfg.max_seq_length
@@ -136,7 +138,8 @@ def test_linearize_three_stages_then_resume(tiny_teacher_dir, tiny_corpus, tmp_p
     assert model.config.conv_activation == "silu_qk" and "fitted the fresh student" in capsys.readouterr().out
     assert not hasattr(model.config, "linzoo_stage")  # lineage lives in linzoo_training.json
     # A killed stage 3: its checkpoints remain, its "done" marker does not. The rerun skips stages 1-2 and
-    # resumes stage 3 from the last checkpoint at the same step.
+    # resumes stage 3 from the last checkpoint at the same step: here the stage's last step, so nothing trains (the
+    # Trainer trained one step more, logging another loss and saving checkpoint-<last + 1>).
     stage3 = out / "stage3-kd"
     (stage3 / "stage_done.json").unlink()
     last = max(int(p.name.split("-")[1]) for p in stage3.glob("checkpoint-*"))
@@ -144,7 +147,9 @@ def test_linearize_three_stages_then_resume(tiny_teacher_dir, tiny_corpus, tmp_p
     assert linearize.main(_linearize_argv(tiny_teacher_dir, tiny_corpus, out, mixer, extra=extra)) == 0
     log = capsys.readouterr().out
     assert "stage1-attention-transfer already finished" in log and "resuming stage3-kd from" in log
-    assert f"checkpoint-{last}" in log
+    assert f"checkpoint-{last} is the last step: nothing left to train" in log
+    assert max(int(p.name.split("-")[1]) for p in stage3.glob("checkpoint-*")) == last
+    assert _record(out)["stages"][2]["final_loss"] == record["stages"][2]["final_loss"]
     # the closing summary: one line per stage, its speed labelled (loop's steady speed, or wall time)
     summary = [line for line in log.splitlines() if line.startswith("  stage")]
     assert len(summary) == 3 and all(line.endswith(("(steady)", "(wall)")) for line in summary)
@@ -367,3 +372,372 @@ def test_training_steps_read_nothing_back_from_the_device(tiny_teacher_dir, tiny
     stages = json.loads((tmp_path / "steps8" / "linzoo_training.json").read_text())["stages"]
     assert [s["steps"] for s in stages] == [8, 8, 8]
     assert runs[0] == runs[1], runs
+
+
+# --- run folders: the arguments they hold, kills, bounds ------------------------------------
+
+def _record(folder):
+    return json.loads((folder / "linzoo_training.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_teacher_dir, tiny_corpus, tmp_path_factory):
+    """A finished tiny linearize run (read-only for the tests: copy it to change it) and its argv."""
+    from linzoo.trainers import linearize
+
+    out = tmp_path_factory.mktemp("finished") / "run"
+    argv = _linearize_argv(tiny_teacher_dir, tiny_corpus, out, tokens=600)
+    assert linearize.main(argv) == 0
+    return out, argv
+
+
+def _with(argv, flag, value):
+    argv = list(argv)
+    argv[argv.index(flag) + 1] = str(value)
+    return argv
+
+
+def test_a_rerun_with_other_arguments_is_refused(finished_run, tiny_corpus, tmp_path, monkeypatch, capsys):
+    """Another --mixer, --total_tokens, --dataset or --teacher into a finished folder reused its stages and exited 0
+    with a record (and card) of a model that was never trained. Now: one line naming each differing key (old -> new)
+    and the flag to start over, before anything loads."""
+    import linzoo
+    from linzoo import cli
+
+    out, argv = finished_run
+    other_teacher = tmp_path / "other-teacher"
+    other_teacher.mkdir()
+    monkeypatch.setattr(linzoo, "load_teacher", lambda *a, **k: pytest.fail("loaded the teacher"))
+    (tiny_corpus / "other.txt").write_text("Other text. " * 200)
+    for flag, value, shown in [("--mixer", "gla", "mixer 'gated_deltanet' -> 'gla'"),
+                               ("--total_tokens", 999999, "total_tokens 600 -> 999999"),
+                               ("--dataset", tiny_corpus / "other.txt", f"-> '{tiny_corpus / 'other.txt'}'"),
+                               ("--teacher", other_teacher, f"-> '{other_teacher}'")]:
+        assert cli.main(["linearize", *_with(argv, flag, value)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"linzoo linearize: error: {out} holds a linearize run"), err
+        assert shown in err and "--overwrite_output_dir true" in err and flag.strip("-") in err
+    # the same arguments are the same run: nothing refused (here: all stages done, re-saved); flags that change how
+    # a run is logged or saved, not what it computes, may differ
+    monkeypatch.undo()
+    copy = tmp_path / "copy"
+    import shutil
+    shutil.copytree(out, copy)
+    rerun = _with(_with(argv, "--output_dir", copy), "--logging_steps", 7)
+    from linzoo.trainers import linearize
+    assert linearize.main(rerun) == 0
+
+
+def test_a_killed_run_is_held_to_its_arguments_and_overwrite_starts_over(tiny_teacher_dir, tiny_corpus, tmp_path,
+                                                                         monkeypatch, capsys):
+    """The arguments are recorded when a run starts, so a run stopped in stage 2 (Ctrl-C here) cannot be finished with
+    another mixer; --overwrite_output_dir deletes what it left and starts over: weights, config and record all of the
+    new run."""
+    from linzoo.trainers import linearize
+
+    out = tmp_path / "run"
+    argv = _linearize_argv(tiny_teacher_dir, tiny_corpus, out, tokens=600)
+    with monkeypatch.context() as m:
+        m.setattr(linearize.HiddenAlignmentTrainer, "stage_loss", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+        with pytest.raises(KeyboardInterrupt):
+            linearize.main(argv)
+    assert (out / "stage1-attention-transfer" / "stage_done.json").is_file()
+    with pytest.raises(ValueError, match="mixer 'gated_deltanet' -> 'gla'"):
+        linearize.main(_with(argv, "--mixer", "gla"))
+    capsys.readouterr()
+    assert linearize.main([*_with(argv, "--mixer", "gla"), "--overwrite_output_dir", "true"]) == 0
+    log = capsys.readouterr().out
+    assert "deleted the earlier run" in log and "already finished" not in log
+    assert json.loads((out / "config.json").read_text())["mixer"] == _record(out)["mixer"] == "gla"
+    stage1 = json.loads((out / "stage1-attention-transfer" / "stage_done.json").read_text())
+    assert stage1 == _record(out)["stages"][0]  # the stage was run again, not reused
+
+
+def test_sft_and_distill_instruct_refuse_a_folder_of_other_arguments(finished_run, tiny_teacher_dir, tiny_corpus,
+                                                                     tmp_path):
+    from linzoo.trainers import distill_instruct, sft
+
+    base, _ = finished_run
+    common = ["--dataset", str(tiny_corpus / "chat.jsonl"), "--total_tokens", "128", "--max_seq_length", "64",
+              "--per_device_train_batch_size", "2", "--logging_steps", "1", "--dataloader_pin_memory", "false"]
+    out = tmp_path / "instruct"
+    assert sft.main(["--model_name_or_path", str(base), "--output_dir", str(out), *common]) == 0
+    with pytest.raises(ValueError, match=r"holds a sft run .*total_tokens 128 -> 256"):
+        sft.main(["--model_name_or_path", str(base), "--output_dir", str(out), *_with(common, "--total_tokens", 256)])
+    with pytest.raises(ValueError, match=r"holds a sft run .*command 'sft' -> 'distill-instruct'"):
+        distill_instruct.main(["--model_name_or_path", str(base), "--teacher", str(tiny_teacher_dir),
+                               "--output_dir", str(out), *common])
+
+
+def test_card_refuses_weights_and_record_that_disagree(tiny_student_dir, tmp_path):
+    """A folder whose config.json (what the weights are) and linzoo_training.json (what the run says) name other mixers
+    or teachers gets no card: it would describe a model that does not exist."""
+    import shutil
+
+    from linzoo.hub_cards.card import build_card
+
+    folder = tmp_path / "student"
+    shutil.copytree(tiny_student_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "linzoo_training.json").write_text(json.dumps(
+        {"stage": "base", "mixer": config["mixer"], "teacher": config["teacher"], "tokens": {"stage3-kd": 999999}}))
+    build_card(folder)  # agreeing: fine
+    for key, value in [("mixer", "gla"), ("teacher", "someone/else")]:
+        record = {"stage": "base", "mixer": config["mixer"], "teacher": config["teacher"], key: value}
+        (folder / "linzoo_training.json").write_text(json.dumps(record))
+        with pytest.raises(ValueError, match=f"{key} {config[key]!r} in config.json, {value!r} in linzoo_training"):
+            build_card(folder)
+
+
+# Crash safety: a kill at any point, a checkpoint's save included, and the rerun ends where an unkilled run ends.
+
+def _killed_at(folder, kind, count, seed, log):
+    """Makes this process record its events in `log` (a JSON file): each training step and each file written under
+    `folder`, by kind ("step", "open", "torch.save", "safetensors": what wrote it). It SIGKILLs itself at event number
+    `count` of `kind`, that file first cut to a seeded random length (a write the kill interrupted: a write is counted
+    when it completes, so cut short it is the same as a kill during it)."""
+    import builtins
+    import io
+    import random
+    import signal
+
+    from transformers import modeling_utils
+
+    from linzoo.trainers.linearize_trainer import TeacherStudentTrainer
+
+    folder, events, real_open = Path(folder).resolve(), [], builtins.open
+
+    def tick(what, path=None):
+        events.append(what)
+        if what == kind and events.count(kind) == count:
+            if path is not None:
+                os.truncate(path, random.Random(seed).randrange(os.path.getsize(path) + 1))
+            where = f"{what} {Path(path).relative_to(folder)}" if path else what
+            log.write_text(json.dumps([*events[:-1], where]))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def ours(path):
+        return isinstance(path, (str, os.PathLike)) and Path(path).resolve().is_relative_to(folder)
+
+    def saver(save, kind):
+        def wrapped(obj, path, *args, **kwargs):
+            result = save(obj, path, *args, **kwargs)
+            if ours(path):
+                tick(kind, path)
+            return result
+        return wrapped
+
+    class Tracked:
+        def __init__(self, file, path):
+            self._file, self._path = file, path
+
+        def __getattr__(self, name):
+            return getattr(self._file, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.close()
+
+        def close(self):
+            if not self._file.closed:
+                self._file.close()
+                tick("open", self._path)
+
+    def tracked_open(file, mode="r", *args, **kwargs):
+        f = real_open(file, mode, *args, **kwargs)
+        return Tracked(f, file) if set(mode) & set("wax+") and ours(file) else f
+
+    def step(self, *args, **kwargs):
+        tick("step")
+        return real_step(self, *args, **kwargs)
+
+    real_step = TeacherStudentTrainer.training_step
+    builtins.open = io.open = tracked_open
+    torch.save = saver(torch.save, "torch.save")
+    modeling_utils.safe_save_file = saver(modeling_utils.safe_save_file, "safetensors")
+    TeacherStudentTrainer.training_step = step
+    return events
+
+
+def test_kills_anywhere_then_rerun_end_as_an_unkilled_run(tiny_teacher_dir, tiny_corpus, tmp_path, monkeypatch):
+    """20+ SIGKILLs at seeded points of a tiny 3-stage run that checkpoints every step (most points fall in a save:
+    weights, optimizer, scheduler, RNG, trainer state, a stage's marker, the final model); after each kill the run is
+    started again (killed again at a new point, or left to finish). Every finished run has the unkilled run's weights
+    (bit for bit) and stage losses. Before, a kill during a checkpoint's save stranded the run: every rerun took the
+    half-written checkpoint and failed. Each run is a forked process: a kill leaves no state behind but the files."""
+    import multiprocessing
+    import random
+
+    from safetensors.torch import load_file
+
+    from linzoo.trainers import linearize
+
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")  # forked: no thread pool to inherit, no warning about it
+
+    def run(out, kind=None, count=0):
+        """(exit code, the run's events; the last one where it was killed)."""
+        log = tmp_path / "events.json"
+        log.unlink(missing_ok=True)
+
+        def child():
+            events = _killed_at(out, kind, count, count, log)
+            linearize.main(_linearize_argv(tiny_teacher_dir, tiny_corpus, out, tokens=384, extra=(
+                "--save_steps", "1", "--logging_steps", "1", "--calibration_tokens", "64", "--disable_tqdm", "true")))
+            log.write_text(json.dumps(events))
+
+        process = multiprocessing.get_context("fork").Process(target=child)
+        process.start()
+        process.join()
+        return process.exitcode, json.loads(log.read_text()) if log.is_file() else None  # None: it failed
+
+    def result(out):
+        losses = [(s["stage"], s["first_loss"], s["final_loss"]) for s in _record(out)["stages"]]
+        return losses, load_file(out / "model.safetensors")
+
+    kinds = ("step", "open", "torch.save", "safetensors")
+    code, events = run(tmp_path / "plain")
+    assert code == 0 and set(events) == set(kinds), (code, events)
+    expected_losses, expected_weights = result(tmp_path / "plain")
+    rng, killed = random.Random(0), []  # killed: where each chain's kills fell
+    while sum(map(len, killed)) < 20:
+        out, chain = tmp_path / f"chain{len(killed)}", []
+        while True:
+            kind = rng.choice(kinds)  # a point among the first half of the (unkilled) run's events of that kind
+            code, log = run(out, kind, rng.randint(1, max(1, events.count(kind) // 2)))
+            if code == 0:
+                break
+            assert code == -9, (code, chain)  # killed; anything else: the rerun failed
+            chain.append(log[-1])
+        killed.append(chain)
+        losses, weights = result(out)
+        assert losses == expected_losses, (chain, losses, expected_losses)
+        assert weights.keys() == expected_weights.keys()
+        assert all(torch.equal(weights[k], expected_weights[k]) for k in weights), chain
+    assert {where.split()[0] for chain in killed for where in chain} == set(kinds), killed
+
+
+def test_resume_takes_the_newest_complete_checkpoint_and_moves_the_rest_aside(tmp_path, capsys):
+    """A checkpoint counts when its trainer_state.json (the Trainer's last write into it) reads back at its step;
+    newer ones, half-written by a killed run, are moved aside (never deleted) with a line each."""
+    from linzoo.trainers.common import last_complete_checkpoint
+
+    def checkpoint(step, state):
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        (folder / "optimizer.pt").write_bytes(b"\0" * 10)
+        if state is not None:
+            (folder / "trainer_state.json").write_text(state)
+        return folder
+
+    checkpoint(2, json.dumps({"global_step": 2}))
+    checkpoint(4, json.dumps({"global_step": 4}))
+    checkpoint(6, json.dumps({"global_step": 6})[:9])  # killed while writing its state
+    checkpoint(8, None)  # killed before
+    assert last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-4")
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(" is incomplete")[0] for line in out] == [f"linzoo: {tmp_path}/checkpoint-{s}" for s in (8, 6)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "checkpoint-2", "checkpoint-4", "incomplete-checkpoint-6", "incomplete-checkpoint-8"]
+    assert (tmp_path / "incomplete-checkpoint-6" / "optimizer.pt").read_bytes() == b"\0" * 10
+    checkpoint(6, None)  # killed at the same step again: a second folder beside the first
+    assert last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-4")
+    assert (tmp_path / "incomplete-checkpoint-6-2").is_dir()
+    assert last_complete_checkpoint(tmp_path / "none") is None
+
+
+def test_a_budget_far_beyond_the_data_needs_a_flag(tiny_teacher_dir, tiny_corpus, tmp_path, monkeypatch, capsys):
+    """--total_tokens 10^12 on a few thousand tokens planned billions of steps without a word; now the epochs are
+    printed and more than 20 are refused (before the fit to the teacher) unless --allow_many_epochs."""
+    import linzoo
+    from linzoo.trainers import linearize
+    from linzoo.trainers.common import check_epochs
+
+    monkeypatch.setattr(linzoo, "linearize", lambda *a, **k: pytest.fail("went on to build the student"))
+    argv = _linearize_argv(tiny_teacher_dir, tiny_corpus, tmp_path / "run", tokens=10**12)
+    with pytest.raises(ValueError, match=r"--total_tokens 1,000,000,000,000 is [\d,]+ passes over the data .*"
+                                         r"--allow_many_epochs true"):
+        linearize.main(argv)
+    assert " epochs" in capsys.readouterr().out
+    cfg = LinearizeConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, allow_many_epochs=True)
+    check_epochs(cfg, steps=1000, rows=10)  # 200 epochs, allowed
+    assert "= 200.00 epochs" in capsys.readouterr().out
+    cfg.allow_many_epochs = False
+    check_epochs(cfg, steps=100, rows=10)  # 20: the bound itself is allowed
+    with pytest.raises(ValueError, match="passes over the data"):
+        check_epochs(cfg, steps=101, rows=10)
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file", "read-only", "in use"])
+def test_an_unusable_output_dir_fails_before_any_work(tiny_teacher_dir, tiny_corpus, tmp_path, monkeypatch, capsys,
+                                                      where):
+    """A file, a path under a file, a read-only folder, a folder another run holds: one line, exit 2, before the
+    teacher loads (a read-only folder surfaced only at the first save, after the calibration)."""
+    from filelock import FileLock
+
+    import linzoo
+    from linzoo import cli
+    from linzoo.trainers.common import LOCK_FILE
+
+    out = tmp_path / "out"
+    if where == "a file":
+        out.write_text("not a folder")
+    elif where == "under a file":
+        (tmp_path / "file").write_text("")
+        out = tmp_path / "file" / "out"
+    elif where == "read-only":
+        out.mkdir()
+        out.chmod(0o555)
+        if os.access(out, os.W_OK):
+            pytest.skip("root writes to read-only folders")
+    else:
+        out.mkdir()
+        other = FileLock(out / LOCK_FILE)
+        other.acquire()
+    monkeypatch.setattr(linzoo, "load_teacher", lambda *a, **k: pytest.fail("loaded the teacher"))
+    assert cli.main(["linearize", *_linearize_argv(tiny_teacher_dir, tiny_corpus, out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"linzoo linearize: error: --output_dir {out} "), err
+    assert {"a file": "is a file", "under a file": "not writable (Not a directory)", "read-only": "not writable",
+            "in use": "in use by another linzoo run"}[where] in err
+
+
+def test_a_malformed_yaml_config_is_one_line(tmp_path, capsys):
+    from linzoo import cli
+
+    config = tmp_path / "recipe.yaml"
+    config.write_text("mixer: gla\n  total_tokens: 5\n")
+    for command in ("linearize", "sft", "distill-instruct"):
+        assert cli.main([command, "--config", str(config), "--output_dir", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err
+        assert err == (f"linzoo {command}: error: --config: not valid YAML at {config}, line 2, column 15: mapping "
+                       "values are not allowed here\n"), err
+
+
+def test_no_library_warning_ahead_of_our_own_words(tmp_path):
+    """TRL defaulted checkpointing on under `gradient_checkpointing`, the alias TrainingArguments deprecates: every
+    config printed a FutureWarning (and distill-instruct trl.experimental's import notice) ahead of anything linzoo
+    said, errors included. Same default now, without a warning; the old flag still works, with its warning."""
+    import subprocess
+    import sys
+    import warnings
+
+    from linzoo.trainers.distill_instruct_config import InstructDistillConfig
+    from linzoo.trainers.sft import LinzooSFTConfig
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for cls in (LinearizeConfig, LinzooSFTConfig, InstructDistillConfig):
+            cfg = dataclasses.replace(cls(output_dir=str(tmp_path)), learning_rate=0.1)  # a stage's copy too
+            assert cfg.activation_checkpointing is True and cfg.gradient_checkpointing is True
+        for recipe in RECIPES.glob("*/linearize.yaml"):
+            TrlParser(LinearizeConfig).parse_args_and_config(["--config", str(recipe), "--bf16", "false"])
+    assert not [w for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning))], caught
+    with pytest.warns(FutureWarning, match="gradient_checkpointing"):
+        assert LinearizeConfig(output_dir=str(tmp_path), gradient_checkpointing=False).activation_checkpointing is False
+    # in a fresh process (the import notice comes once): the error line is all that is printed
+    done = subprocess.run([sys.executable, "-m", "linzoo.cli", "distill-instruct", "--model_name_or_path", "x",
+                           "--kd_alpha", "2", "--output_dir", str(tmp_path / "out")], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONWARNINGS": "default"})
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "kd_alpha must lie" in done.stderr, done.stderr

@@ -1,8 +1,13 @@
 """Pieces shared by the linzoo trainers' configs and scripts."""
 
+import contextlib
+import dataclasses
 import json
 import math
 import os
+import re
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,6 +15,41 @@ from pathlib import Path
 import torch
 
 from ..integrity import LINEAGE_FILE, weights_record
+RUN_FILE = "linzoo_run.json"  # the command and arguments a run folder was started with (`run_folder`)
+LOCK_FILE = ".linzoo.lock"  # held by the run writing the folder
+MAX_EPOCHS = 20  # more passes over the data than this need --allow_many_epochs
+# TrainingArguments fields that change how a run is logged, saved or resumed, not what it computes: a rerun into
+# the same folder may change them (and the output folder may move).
+RESULT_NEUTRAL = {"output_dir", "run_name", "report_to", "project", "disable_tqdm", "push_to_hub", "local_rank",
+                  "resume_from_checkpoint", "overwrite_output_dir", "allow_many_epochs", "kernel_backend", "debug",
+                  "ddp_timeout", "skip_memory_metrics", "enable_jit_checkpoint", "do_train", "do_eval", "do_predict",
+                  "dataloader_num_workers", "dataloader_pin_memory", "dataloader_persistent_workers",
+                  "dataloader_prefetch_factor"}
+RESULT_NEUTRAL_PREFIXES = ("logging_", "log_", "save_", "hub_", "trackio_")
+
+
+@dataclass
+class RunArguments:
+    """Fields of all three commands: the run folder, the budget's bound over the data, and the activation checkpointing
+    default. List it before the TRL config among the bases so these defaults win."""
+
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Start over: delete what an earlier run left in --output_dir (stages, checkpoints, model). "
+                          "Without it a rerun resumes that run, and only with the same arguments."},
+    )
+    allow_many_epochs: bool = field(
+        default=False, metadata={"help": f"Allow a token budget of more than {MAX_EPOCHS} passes over the data."}
+    )
+    gradient_checkpointing: bool | None = field(
+        default=None, metadata={"help": "Deprecated alias of --activation_checkpointing (on unless set false)."}
+    )
+
+    def check_run(self):
+        # TRL turns checkpointing on by defaulting `gradient_checkpointing`, the name TrainingArguments deprecates: a
+        # FutureWarning on every run (printed ahead of any error). The same default under the current name instead.
+        if self.gradient_checkpointing is None and self.activation_checkpointing is None:
+            self.activation_checkpointing = True
 
 
 @dataclass
@@ -30,7 +70,7 @@ class KDArguments:
 
 
 @dataclass
-class ChatRunArguments:
+class ChatRunArguments(RunArguments):
     """Fields (and defaults over TRL's) shared by the chat-data commands `sft` and `distill-instruct`.
     List it before the TRL config among the bases so these defaults win."""
 
@@ -49,6 +89,7 @@ class ChatRunArguments:
             raise ValueError("max_seq_length and total_tokens must be positive.")
         self.max_length = self.max_seq_length
         default_bf16(self)
+        self.check_run()
 
 
 def default_bf16(cfg):
@@ -57,11 +98,148 @@ def default_bf16(cfg):
         cfg.bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported() and not cfg.fp16
 
 
-def steps_for_tokens(tokens, cfg, seq_len):
+def rows_per_step(cfg):
     # Before the Trainer sets up the process group, the launcher's WORLD_SIZE already tells the process count.
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else int(os.environ.get("WORLD_SIZE", 1))
-    per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * seq_len * world
+    return cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * world
+
+
+def steps_for_tokens(tokens, cfg, seq_len):
+    per_step = rows_per_step(cfg) * seq_len
     return max(1, math.ceil(tokens / per_step)), per_step
+
+
+def check_epochs(cfg, steps, rows):
+    """Prints how many passes over the data's `rows` the run's `steps` make. More than MAX_EPOCHS (a budget far beyond
+    the data, more often a slip than a plan) only with --allow_many_epochs."""
+    epochs = steps * rows_per_step(cfg) / max(rows, 1)
+    print(f"linzoo: {steps:,} steps over {rows:,} rows of data = {epochs:,.2f} epochs")
+    if epochs > MAX_EPOCHS and not cfg.allow_many_epochs:
+        raise ValueError(
+            f"--total_tokens {cfg.total_tokens:,} is {epochs:,.0f} passes over the data ({rows:,} rows of at most "
+            f"{cfg.max_seq_length} tokens): lower --total_tokens, give more data, or pass --allow_many_epochs true "
+            f"for more than {MAX_EPOCHS}."
+        )
+
+
+def parse_config(dataclass_types, argv):
+    """TrlParser's `parse_args_and_config` (defaults < YAML --config < flags); a YAML syntax error becomes a
+    ValueError naming the file and the position."""
+    import yaml
+    from trl import TrlParser
+
+    try:
+        return TrlParser(dataclass_types).parse_args_and_config(argv)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark else "the file"
+        problem = getattr(err, "problem", None) or str(err)
+        raise ValueError(f"--config: not valid YAML at {where}: {problem}") from None
+
+
+def run_arguments(*configs):
+    """What decides a run's result: its configs' fields but the RESULT_NEUTRAL ones, as JSON reads them back."""
+    values = {}
+    for cfg in configs:
+        values |= cfg.to_dict() if hasattr(cfg, "to_dict") else dataclasses.asdict(cfg)
+    kept = {k: v for k, v in values.items() if k not in RESULT_NEUTRAL and not k.startswith(RESULT_NEUTRAL_PREFIXES)}
+    return json.loads(json.dumps(kept, default=str))
+
+
+def write_json(path, data):
+    """Whole or not at all: a run killed while writing leaves the old file (or none), never half of one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def _claim(out: Path, command: str, arguments: dict, overwrite: bool):
+    """Records this run in a new (or emptied, --overwrite_output_dir) folder; in one holding a run, checks that it is
+    this one."""
+    recorded = json.loads((out / RUN_FILE).read_text()) if (out / RUN_FILE).is_file() else None
+    if any(not p.name.startswith(".") for p in out.iterdir()):  # hidden: the lock, a killed write's temporary file
+        if recorded is None and not (out / "linzoo_training.json").is_file():
+            raise ValueError(f"--output_dir {out} is not empty and holds no {RUN_FILE} (the arguments of the run that "
+                             "wrote it): nothing tells whether its files belong to this run. Pick a new or empty folder.")
+        if overwrite:
+            for p in out.iterdir():
+                if p.name != LOCK_FILE:
+                    shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+            print(f"linzoo: --overwrite_output_dir: deleted the earlier run in {out}; starting over")
+        elif recorded is None:
+            raise ValueError(f"{out} holds a run made before linzoo recorded its arguments ({RUN_FILE}): pass "
+                             "--overwrite_output_dir true to start over, or pick another --output_dir.")
+        else:
+            old, new = {"command": recorded["command"], **recorded["arguments"]}, {"command": command, **arguments}
+            unset = "(unset)"
+            differ = [f"{k} {old.get(k, unset)!r} -> {new.get(k, unset)!r}"
+                      for k in dict.fromkeys([*old, *new]) if old.get(k, unset) != new.get(k, unset)]
+            if differ:
+                raise ValueError(
+                    f"{out} holds a {recorded['command']} run with other arguments ({'; '.join(differ)}): rerun with "
+                    "its arguments to resume it, pass --overwrite_output_dir true to start over (deletes its "
+                    "contents), or pick another --output_dir."
+                )
+            return
+    write_json(out / RUN_FILE, {"command": command, "arguments": arguments})
+
+
+@contextlib.contextmanager
+def run_folder(cfg, command, arguments):
+    """Holds `cfg.output_dir` for the run of `command` with `arguments` (`run_arguments`), before any work: a folder
+    that cannot be written fails at once; one in use by another run, or holding a run with other arguments (whose
+    stages and checkpoints would be reused), is refused, unless --overwrite_output_dir starts over. The arguments are
+    recorded at the start, so a killed run is held to them too."""
+    from filelock import FileLock, Timeout
+
+    if int(os.environ.get("RANK", 0)) != 0:  # one claimant under torchrun / accelerate launch
+        yield
+        return
+    out = Path(cfg.output_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=out).close()
+    except FileExistsError:
+        raise ValueError(f"--output_dir {out} is a file: pass a folder (new, or one this command wrote).") from None
+    except OSError as err:
+        raise ValueError(f"--output_dir {out} is not writable ({err.strerror}): pick another folder.") from None
+    lock = FileLock(out / LOCK_FILE, blocking=False)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise ValueError(f"--output_dir {out} is in use by another linzoo run (it holds {out / LOCK_FILE}): wait for "
+                         "it to finish, or pick another folder.") from None
+    try:
+        _claim(out, command, arguments, cfg.overwrite_output_dir)
+        yield
+    finally:
+        lock.release()
+
+
+def last_complete_checkpoint(folder):
+    """The newest checkpoint-N in `folder` that the Trainer finished writing: its trainer_state.json, the last file
+    the Trainer writes into it, reads back at step N. Newer ones (a run killed while saving them) are moved aside to
+    incomplete-checkpoint-N, outside the Trainer's checkpoint-* names, with a line each; None when none is complete."""
+    from transformers.trainer import TRAINER_STATE_NAME
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+    folder = Path(folder)
+    found = [(int(m[1]), p) for p in (folder.iterdir() if folder.is_dir() else ())
+             if p.is_dir() and (m := re.fullmatch(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)", p.name))]
+    for step, path in sorted(found, reverse=True):
+        try:
+            if json.loads((path / TRAINER_STATE_NAME).read_text())["global_step"] == step:
+                return str(path)
+        except (OSError, ValueError, KeyError):
+            pass
+        if int(os.environ.get("RANK", 0)) == 0:
+            aside, n = folder / f"incomplete-{path.name}", 1
+            while aside.exists():  # an earlier kill at the same step
+                aside, n = folder / f"incomplete-{path.name}-{n + 1}", n + 1
+            path.rename(aside)
+            print(f"linzoo: {path} is incomplete (the run stopped while saving it): not resumed, moved to {aside}")
+    return None
 
 
 def to_prompt_completion(example):
@@ -81,14 +259,31 @@ def save_with_lineage(model, tokenizer, out, stage, parent, record):
                                                indent=1))
 
 
+def train_resumed(trainer, resume):
+    """`trainer.train(resume_from_checkpoint=resume)`; but from a checkpoint at the last step (a run killed after it,
+    before its end) the Trainer would train a step more (it checks for the end only after a step), so the checkpoint's
+    weights and state are taken as they are and None returned."""
+    from transformers.trainer import TRAINER_STATE_NAME, TrainerState
+
+    if resume:
+        state = TrainerState.load_from_json(os.path.join(resume, TRAINER_STATE_NAME))
+        if state.global_step >= trainer.args.max_steps:
+            print(f"linzoo: {resume} is the last step: nothing left to train")
+            trainer._load_from_checkpoint(resume)
+            trainer.state = state
+            return None
+    return trainer.train(resume_from_checkpoint=resume)
+
+
 def train_and_save(trainer, model, tokenizer, args, model_args, stage, record):
     """Train (resuming from the last checkpoint in output_dir), merge LoRA, save with lineage."""
-    from transformers.trainer_utils import get_last_checkpoint
-
     out = args.output_dir
-    resume = os.path.isdir(out) and get_last_checkpoint(out) is not None
+    check_epochs(args, args.max_steps, len(trainer.train_dataset))
+    resume = last_complete_checkpoint(out)
+    if resume:
+        print(f"linzoo: resuming from {resume}")
     start = time.time()
-    trainer.train(resume_from_checkpoint=True if resume else None)
+    train_resumed(trainer, resume)
     if model_args.use_peft:
         model = trainer.model.merge_and_unload()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]

@@ -8,10 +8,9 @@ Off-policy (default): CE + KL(teacher || student) on the completions (the last a
 chat), chunked over the vocabulary as in stage 3.
 """
 
-from trl import ModelConfig, TrlParser, get_peft_config
-from trl.experimental.gkd import GKDTrainer
+from trl import ModelConfig, get_peft_config
 
-from .common import steps_for_tokens, train_and_save
+from .common import parse_config, run_arguments, run_folder, steps_for_tokens, train_and_save
 from .distill_instruct_config import InstructDistillConfig
 from .linearize import check_same_vocab
 from .linearize_trainer import KnowledgeDistillationTrainer
@@ -21,20 +20,23 @@ from .sft import chat_splits
 def main(argv=None):
     from ..loading import load_model, load_teacher
 
-    args, model_args = TrlParser((InstructDistillConfig, ModelConfig)).parse_args_and_config(argv)
+    args, model_args = parse_config((InstructDistillConfig, ModelConfig), argv)
     if not model_args.model_name_or_path:
         raise ValueError("Pass the student to distill: --model_name_or_path <folder or Hub id>.")
-    model, tokenizer = load_model(model_args.model_name_or_path)
-    teacher, _ = load_teacher(args.teacher)
-    check_same_vocab(model, teacher)
-    args.max_steps, _ = steps_for_tokens(args.total_tokens, args, args.max_seq_length)
-    data = chat_splits(args.dataset)
-    if args.lmbda > 0:
-        data = data.map(lambda ex: {"messages": ex["prompt"] + ex["completion"]}, remove_columns=["prompt", "completion"])
-        trainer_cls = GKDTrainer
-    else:
-        trainer_cls = KnowledgeDistillationTrainer  # stage 3's loss; the collator's labels (-100 on prompts) pick the completions
-    trainer = trainer_cls(model=model, teacher_model=teacher, args=args, train_dataset=data,
-                          processing_class=tokenizer, peft_config=get_peft_config(model_args))
-    return train_and_save(trainer, model, tokenizer, args, model_args, "instruct-distilled",
-                          {"teacher": args.teacher, "on_policy_lmbda": args.lmbda})
+    with run_folder(args, "distill-instruct", run_arguments(args, model_args)):
+        model, tokenizer = load_model(model_args.model_name_or_path)
+        teacher, _ = load_teacher(args.teacher)
+        check_same_vocab(model, teacher)
+        args.max_steps, _ = steps_for_tokens(args.total_tokens, args, args.max_seq_length)
+        data = chat_splits(args.dataset)
+        if args.lmbda > 0:
+            from trl.experimental.gkd import GKDTrainer  # after the config's import, which holds back trl.experimental's notice
+
+            data = data.map(lambda ex: {"messages": ex["prompt"] + ex["completion"]}, remove_columns=["prompt", "completion"])
+            trainer_cls = GKDTrainer
+        else:
+            trainer_cls = KnowledgeDistillationTrainer  # stage 3's loss; the collator's labels (-100 on prompts) pick the completions
+        trainer = trainer_cls(model=model, teacher_model=teacher, args=args, train_dataset=data,
+                              processing_class=tokenizer, peft_config=get_peft_config(model_args))
+        return train_and_save(trainer, model, tokenizer, args, model_args, "instruct-distilled",
+                              {"teacher": args.teacher, "on_policy_lmbda": args.lmbda})

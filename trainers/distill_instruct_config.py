@@ -1,8 +1,15 @@
 """Configuration of instruction-aware distillation (KD from an instruction-tuned teacher on chat data)."""
 
+import warnings
 from dataclasses import dataclass, field
 
-from trl.experimental.gkd import GKDConfig
+from trl.import_utils import TRLExperimentalWarning
+
+with warnings.catch_warnings():
+    # GKD lives in trl.experimental (TRL is pinned); its import notice, meant for whoever chose that import, was
+    # printed ahead of everything `linzoo distill-instruct` says, errors included.
+    warnings.simplefilter("ignore", TRLExperimentalWarning)
+    from trl.experimental.gkd import GKDConfig
 
 from .common import ChatRunArguments, KDArguments
 

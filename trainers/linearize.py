@@ -19,10 +19,9 @@ from pathlib import Path
 
 import torch
 from transformers import set_seed
-from transformers.trainer_utils import get_last_checkpoint
-from trl import TrlParser
 
-from .common import save_with_lineage, steps_for_tokens
+from .common import (check_epochs, last_complete_checkpoint, parse_config, run_arguments, run_folder, save_with_lineage,
+                     steps_for_tokens, train_resumed, write_json)
 from .deadline import WallClockDeadline, stage_deadline
 from .linearize_config import LinearizeConfig
 from .linearize_trainer import AttentionTransferTrainer, HiddenAlignmentTrainer, KnowledgeDistillationTrainer
@@ -80,12 +79,12 @@ def run_stage(index, student, teacher, tokenizer, dataset, args, deadline=None):
     stop = WallClockDeadline(stage_deadline(deadline, args.stage_tokens(), index)) if deadline else None
     if stop:
         trainer.add_callback(stop)
-    resume = get_last_checkpoint(str(stage_dir)) if stage_dir.is_dir() else None
+    resume = last_complete_checkpoint(stage_dir)
     if resume:
         print(f"linzoo: resuming {name} from {resume}")
     print(f"linzoo: {name}: {steps} steps x {per_step} tokens = {steps * per_step:,} tokens")
     start = time.time()
-    result = trainer.train(resume_from_checkpoint=resume)
+    result = train_resumed(trainer, resume)
     seconds = time.time() - start
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     done_before = int(Path(resume).name.split("-")[-1]) if resume else 0  # steps of an earlier, killed run
@@ -98,14 +97,14 @@ def run_stage(index, student, teacher, tokenizer, dataset, args, deadline=None):
         "tokens_per_second": round((done - done_before) * per_step / seconds, 1),
         # ... and the median over logging intervals after the first (the training loop's own speed)
         "tokens_per_second_steady": steady[len(steady) // 2] if steady else None,
-        "first_loss": losses[0] if losses else None, "final_loss": losses[-1] if losses else result.training_loss,
+        "first_loss": losses[0] if losses else None, "final_loss": losses[-1] if losses else result and result.training_loss,
     }
     if stop and stop.stopped:
         summary.update(planned_steps=steps, stopped_at_deadline=True)
         print(f"linzoo: {name} stopped at its deadline after {done} of {steps} steps; saved")
     trainer.save_model(str(stage_dir))
     if trainer.is_world_process_zero():
-        (stage_dir / "stage_done.json").write_text(json.dumps(summary, indent=1))
+        write_json(stage_dir / "stage_done.json", summary)
     trainer.accelerator.wait_for_everyone()
     return summary
 
@@ -154,6 +153,11 @@ def attn_layers_choice(out: Path, args, layers) -> dict | None:
 
 
 def linearize_run(args: LinearizeConfig):
+    with run_folder(args, "linearize", run_arguments(args)):
+        return _linearize(args)
+
+
+def _linearize(args: LinearizeConfig):
     from .. import linearize, load_teacher
     from ..convert import fresh_parameters
     from ..data import load_chat_dataset, load_text_dataset, pack_dataset, with_chats, with_repeats
@@ -166,6 +170,8 @@ def linearize_run(args: LinearizeConfig):
     if args.chat_fraction > 0:
         text = with_chats(text, load_chat_dataset(args.chat_dataset, split="train"), tokenizer, args.chat_fraction, args.seed)
     dataset = pack_dataset(text, tokenizer, args.max_seq_length, max_tokens=args.total_tokens)
+    check_epochs(args, sum(steps_for_tokens(n, args, args.max_seq_length)[0] for n in args.stage_tokens() if n),
+                 len(dataset))
     out = Path(args.output_dir)
     summaries, student = [], None
     for index, (name, _) in enumerate(STAGES):
@@ -179,9 +185,9 @@ def linearize_run(args: LinearizeConfig):
             set_seed(args.seed)  # the new parameters' initialisation, like the Trainer's own randomness, follows --seed
             calibration = calibration_ids(text, tokenizer, args.calibration_tokens,
                                           min(512, teacher.config.max_position_embeddings))
-            if args.auto_attn_layers:
-                args.attn_layers = choose_attn_layers(teacher, tokenizer, args.auto_attn_layers, out)
-            student = linearize(teacher, args.mixer, calibration=calibration, attn_layers=args.attn_layers,
+            attn_layers = (choose_attn_layers(teacher, tokenizer, args.auto_attn_layers, out) if args.auto_attn_layers
+                           else args.attn_layers)
+            student = linearize(teacher, args.mixer, calibration=calibration, attn_layers=attn_layers,
                                 kernel_backend=args.kernel_backend)
             check_same_vocab(student, teacher)
             if calibration is not None:
@@ -215,7 +221,7 @@ def linearize_run(args: LinearizeConfig):
 
 
 def main(argv=None):
-    (args,) = TrlParser(LinearizeConfig).parse_args_and_config(argv)
+    (args,) = parse_config(LinearizeConfig, argv)
     student, tokenizer, record = linearize_run(args)
     for s in record["stages"]:
         steady = s.get("tokens_per_second_steady")  # the loop's own speed; else wall time (start-up included)

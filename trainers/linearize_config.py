@@ -6,11 +6,11 @@ from pathlib import Path
 from trl import SFTConfig
 
 from ..modeling.mixers import DEFAULT_MIXER, MIXERS
-from .common import KDArguments, default_bf16
+from .common import KDArguments, RunArguments, default_bf16
 
 
 @dataclass
-class LinearizeConfig(SFTConfig, KDArguments):
+class LinearizeConfig(RunArguments, SFTConfig, KDArguments):
     r"""
     Stage 1 (attention transfer), stage 2 (hidden-state alignment) and stage 3 (knowledge distillation) of
     linearizing a teacher, as in "What Matters in Linearizing Language Models?" (arXiv 2504.14366).
@@ -99,12 +99,14 @@ class LinearizeConfig(SFTConfig, KDArguments):
         if self.total_tokens <= 0 or self.max_seq_length <= 0:
             raise ValueError("total_tokens and max_seq_length must be positive.")
         self.check_kd()
-        self.attn_layers, self.auto_attn_layers = parse_attn_layers(self.attn_layers)
+        layers, self.auto_attn_layers = parse_attn_layers(self.attn_layers)
+        self.attn_layers = [f"auto:{self.auto_attn_layers}"] if self.auto_attn_layers else layers  # as the run records it
         if self.output_dir is None:
             teacher = Path(self.teacher).name.removesuffix(".gguf")
             self.output_dir = str(Path("runs") / teacher / self.mixer / "base")
         self.max_length = self.max_seq_length
         default_bf16(self)
+        self.check_run()
         super().__post_init__()
 
     def stage_tokens(self):

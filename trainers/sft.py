@@ -11,9 +11,10 @@ boundaries reach the mixers as `position_ids` that restart at 0.
 
 from dataclasses import dataclass
 
-from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config
+from trl import ModelConfig, SFTConfig, SFTTrainer, get_peft_config
 
-from .common import ChatRunArguments, steps_for_tokens, to_prompt_completion, train_and_save
+from .common import (ChatRunArguments, parse_config, run_arguments, run_folder, steps_for_tokens, to_prompt_completion,
+                     train_and_save)
 
 
 @dataclass
@@ -33,14 +34,15 @@ def chat_splits(spec):
 def main(argv=None):
     from ..loading import load_model
 
-    args, model_args = TrlParser((LinzooSFTConfig, ModelConfig)).parse_args_and_config(argv)
+    args, model_args = parse_config((LinzooSFTConfig, ModelConfig), argv)
     if not model_args.model_name_or_path:
         raise ValueError("Pass the student to tune: --model_name_or_path <folder or Hub id>.")
-    model, tokenizer = load_model(model_args.model_name_or_path)
-    args.max_steps, _ = steps_for_tokens(args.total_tokens, args, args.max_seq_length)
-    trainer = SFTTrainer(
-        model=model, args=args, train_dataset=chat_splits(args.dataset), processing_class=tokenizer,
-        peft_config=get_peft_config(model_args),
-    )
-    return train_and_save(trainer, model, tokenizer, args, model_args, "instruct", {})
+    with run_folder(args, "sft", run_arguments(args, model_args)):
+        model, tokenizer = load_model(model_args.model_name_or_path)
+        args.max_steps, _ = steps_for_tokens(args.total_tokens, args, args.max_seq_length)
+        trainer = SFTTrainer(
+            model=model, args=args, train_dataset=chat_splits(args.dataset), processing_class=tokenizer,
+            peft_config=get_peft_config(model_args),
+        )
+        return train_and_save(trainer, model, tokenizer, args, model_args, "instruct", {})
 
