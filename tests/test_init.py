@@ -2,7 +2,7 @@
 value path through the short convolution is the teacher's, checkpoints from before `conv_activation` load as they
 did, and the plain start (`reset_new_parameters`, no teacher) still stands. Tiny models on CPU.
 
-The per-layer error is stage 1's loss, teacher-forced (the trainer's `_layer_io` and `attention_transfer_loss`), as
+The per-layer error is stage 1's loss, teacher-forced (`linzoo.capture.mixer_io` and the trainer's `attention_transfer_loss`), as
 in scripts/init_error.py, which measures the same on the real teacher (results/init/).
 """
 
@@ -19,7 +19,8 @@ from linzoo.convert import fresh_parameters
 from linzoo.modeling import LinzooConfig, LinzooForCausalLM
 from linzoo.modeling.mixer_base import ShortConv
 from linzoo.modeling.mixers import MIXER_CLASSES
-from linzoo.trainers.linearize_trainer import AttentionTransferTrainer, _layer_io
+from linzoo.capture import mixer_io
+from linzoo.trainers.linearize_trainer import AttentionTransferTrainer
 
 CONV_MIXERS = [m for m in linzoo.MIXERS if MIXER_CLASSES[m].short_conv]
 
@@ -35,7 +36,7 @@ def token_rows(seed, rows=2, length=48):
 
 @torch.no_grad()
 def layer_errors(student, teacher, ids):
-    io = _layer_io(teacher, ids, None)
+    io = [(v.input, v.output) for v in mixer_io(teacher, ids).values()]
     loss = AttentionTransferTrainer.attention_transfer_loss
     return [loss([layer.self_attn(io[i][0])], [io[i][1]]).item() for i, layer in enumerate(student.model.layers)
             if i not in student.config.attn_layers]

@@ -221,13 +221,14 @@ def test_teacher_forced_mixers_are_the_mixers_on_the_teachers_inputs(tiny_teache
     from linzoo import linearize as build
     from linzoo.loading import load_teacher
     from linzoo.trainers.linearize import set_trainable
-    from linzoo.trainers.linearize_trainer import _layer_io, teacher_forced_mixers
+    from linzoo.capture import mixer_io
+    from linzoo.trainers.linearize_trainer import teacher_forced_mixers
 
     teacher, _ = load_teacher(str(tiny_teacher_dir))
     student = build(teacher, "gated_deltanet", attn_layers=list(attn_layers)).train()
     set_trainable(student, "mixers")
     ids = torch.randint(3, 50, (2, 11))
-    io = _layer_io(teacher, ids, None)
+    io = [(v.input, v.output) for v in mixer_io(teacher, ids).values()]
     layers = [i for i in range(2) if i not in attn_layers]
     inputs = {i: io[i][0] + 0.1 * torch.randn_like(io[i][0]) for i in layers}  # not what the student would compute
     outs = teacher_forced_mixers(student, student.model.layers, inputs, ids, None)
@@ -741,3 +742,17 @@ def test_no_library_warning_ahead_of_our_own_words(tmp_path):
                            "--kd_alpha", "2", "--output_dir", str(tmp_path / "out")], capture_output=True, text=True,
                           env={**os.environ, "PYTHONWARNINGS": "default"})
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "kd_alpha must lie" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("argv, flag", [(["--temperature", "0.5"], "--temperature"), (["--beta", "0.1"], "--beta"),
+                                        (["--lmbda", "0.5", "--kd_alpha", "0.9"], "--kd_alpha"),
+                                        (["--lmbda", "0.5", "--kd_temperature", "2"], "--kd_temperature")])
+def test_distill_instruct_has_one_loss_vocabulary(argv, flag, tmp_path):
+    """GKD's temperature/beta drive the on-policy loss only, kd_temperature/kd_alpha the off-policy one: a flag of
+    the loss not in use is an error naming it, not a value silently ignored."""
+    from linzoo.trainers.distill_instruct_config import InstructDistillConfig
+
+    with pytest.raises(ValueError, match=rf"{flag} belong to the other loss"):
+        InstructDistillConfig(output_dir=str(tmp_path), **{a.lstrip("-"): float(v) for a, v in zip(argv[::2], argv[1::2])})
+    InstructDistillConfig(output_dir=str(tmp_path), lmbda=0.5, beta=0.1, temperature=0.5)  # each in its own loss
+    InstructDistillConfig(output_dir=str(tmp_path), kd_alpha=0.9, kd_temperature=2.0)

@@ -242,6 +242,21 @@ def last_complete_checkpoint(folder):
     return None
 
 
+def check_same_vocab(student, teacher):
+    if student.config.vocab_size != teacher.config.vocab_size:
+        raise ValueError(
+            f"Student vocabulary ({student.config.vocab_size}) differs from the teacher's ({teacher.config.vocab_size});"
+            " distillation compares logits token by token, so both must share one tokenizer."
+        )
+
+
+def chat_splits(spec):
+    from ..data import load_chat_dataset
+
+    train = load_chat_dataset(spec, split="train").map(to_prompt_completion, remove_columns=["messages"])
+    return train
+
+
 def to_prompt_completion(example):
     """Chat -> TRL prompt/completion: the last assistant turn is the completion (completion-only loss)."""
     messages = example["messages"]

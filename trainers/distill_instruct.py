@@ -10,11 +10,10 @@ chat), chunked over the vocabulary as in stage 3.
 
 from trl import ModelConfig, get_peft_config
 
-from .common import parse_config, run_arguments, run_folder, steps_for_tokens, train_and_save
+from .common import (chat_splits, check_same_vocab, parse_config, run_arguments, run_folder, steps_for_tokens,
+                     train_and_save)
 from .distill_instruct_config import InstructDistillConfig
-from .linearize import check_same_vocab
 from .linearize_trainer import KnowledgeDistillationTrainer
-from .sft import chat_splits
 
 
 def main(argv=None):

@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 from transformers import set_seed
 
-from .common import (check_epochs, last_complete_checkpoint, parse_config, run_arguments, run_folder, save_with_lineage,
-                     steps_for_tokens, train_resumed, write_json)
+from .common import (check_epochs, check_same_vocab, last_complete_checkpoint, parse_config, run_arguments,
+                     run_folder, save_with_lineage, steps_for_tokens, train_resumed, write_json)
 from .deadline import WallClockDeadline, stage_deadline
 from .linearize_config import LinearizeConfig
 from .linearize_trainer import AttentionTransferTrainer, HiddenAlignmentTrainer, KnowledgeDistillationTrainer
@@ -46,14 +46,6 @@ def check_compatible(teacher, tokenizer, max_seq_length):
         raise ValueError(
             f"--max_seq_length {max_seq_length} is longer than the teacher allows ({limit} positions); "
             f"use --max_seq_length {limit} or less."
-        )
-
-
-def check_same_vocab(student, teacher):
-    if student.config.vocab_size != teacher.config.vocab_size:
-        raise ValueError(
-            f"Student vocabulary ({student.config.vocab_size}) differs from the teacher's ({teacher.config.vocab_size});"
-            " distillation compares logits token by token, so both must share one tokenizer."
         )
 
 

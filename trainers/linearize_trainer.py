@@ -12,6 +12,8 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from trl import SFTTrainer
 
+from ..capture import mixer_io
+
 
 def mixed_precision(device, mode):
     """Autocast for what runs outside the student's forward: the frozen teacher and the KD loss's vocabulary
@@ -108,24 +110,6 @@ class TeacherStudentTrainer(SFTTrainer):
         return (loss, None) if return_outputs else loss
 
 
-def _layer_io(model, input_ids, attention_mask):
-    """Every decoder layer's attention input (after input_layernorm) and output (after o_proj)."""
-    captured, hooks = [], []
-    for layer in model.model.layers:
-        hooks.append(layer.self_attn.register_forward_hook(
-            lambda m, args, kwargs, out: captured.append(
-                ((args[0] if args else kwargs["hidden_states"]), out[0] if isinstance(out, tuple) else out)
-            ),
-            with_kwargs=True,
-        ))
-    try:
-        model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=1)
-    finally:
-        for h in hooks:
-            h.remove()
-    return captured
-
-
 class _Skipped(torch.nn.Module):
     """Stands in for a decoder layer's MLP whose output nobody uses (attention transfer): returns zero."""
 
@@ -207,9 +191,9 @@ class AttentionTransferTrainer(TeacherStudentTrainer):
         config = unwrapped.config
         layers = [i for i in range(config.num_hidden_layers) if i not in config.attn_layers]  # softmax layers: as is
         with torch.no_grad():
-            io = _layer_io(self.teacher_model, ids, mask)
-        student = teacher_forced_mixers(model, unwrapped.model.layers, {i: io[i][0] for i in layers}, ids, mask)
-        return self.attention_transfer_loss(student, [io[i][1] for i in layers], None if mask is None else mask.float())
+            io = mixer_io(self.teacher_model, ids, mask, layers)
+        student = teacher_forced_mixers(model, unwrapped.model.layers, {i: io[i].input for i in layers}, ids, mask)
+        return self.attention_transfer_loss(student, [io[i].output for i in layers], None if mask is None else mask.float())
 
 
 class HiddenAlignmentTrainer(TeacherStudentTrainer):

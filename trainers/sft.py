@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from trl import ModelConfig, SFTConfig, SFTTrainer, get_peft_config
 
-from .common import (ChatRunArguments, parse_config, run_arguments, run_folder, steps_for_tokens, to_prompt_completion,
+from .common import (ChatRunArguments, chat_splits, parse_config, run_arguments, run_folder, steps_for_tokens,
                      train_and_save)
 
 
@@ -22,13 +22,6 @@ class LinzooSFTConfig(ChatRunArguments, SFTConfig):
     def __post_init__(self):
         self.check_chat_run()
         super().__post_init__()
-
-
-def chat_splits(spec):
-    from ..data import load_chat_dataset
-
-    train = load_chat_dataset(spec, split="train").map(to_prompt_completion, remove_columns=["messages"])
-    return train
 
 
 def main(argv=None):
