@@ -17,8 +17,8 @@ import torch
 RUN_FILE = "linzoo_run.json"  # the command and arguments a run folder was started with (`run_folder`)
 LOCK_FILE = ".linzoo.lock"  # held by the run writing the folder
 MAX_EPOCHS = 20  # more passes over the data than this need --allow_many_epochs
-# TrainingArguments fields that change how a run is logged, saved or resumed, not what it computes: a rerun into
-# the same folder may change them (and the output folder may move).
+# Fields that change how a run is logged, saved or resumed, or which kernels compute the same math, not what it
+# computes: a rerun into the same folder may change them (and the output folder may move).
 RESULT_NEUTRAL = {"output_dir", "run_name", "report_to", "project", "disable_tqdm", "push_to_hub", "local_rank",
                   "resume_from_checkpoint", "overwrite_output_dir", "allow_many_epochs", "kernel_backend", "debug",
                   "ddp_timeout", "skip_memory_metrics", "enable_jit_checkpoint", "do_train", "do_eval", "do_predict",
@@ -274,7 +274,7 @@ def train_resumed(trainer, resume):
 
 
 def train_and_save(trainer, model, tokenizer, args, model_args, stage, record):
-    """Train (resuming from the last checkpoint in output_dir), merge LoRA, save with lineage."""
+    """Train (resuming from the last complete checkpoint in output_dir), merge LoRA, save with lineage."""
     out = args.output_dir
     check_epochs(args, args.max_steps, len(trainer.train_dataset))
     resume = last_complete_checkpoint(out)
