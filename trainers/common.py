@@ -170,10 +170,11 @@ def _claim(out: Path, command: str, arguments: dict, overwrite: bool):
             raise ValueError(f"{out} holds a run made before linzoo recorded its arguments ({RUN_FILE}): pass "
                              "--overwrite_output_dir true to start over, or pick another --output_dir.")
         else:
-            old, new = {"command": recorded["command"], **recorded["arguments"]}, {"command": command, **arguments}
-            unset = "(unset)"
+            old, new, unset = recorded["arguments"], arguments, "(unset)"
             differ = [f"{k} {old.get(k, unset)!r} -> {new.get(k, unset)!r}"
                       for k in dict.fromkeys([*old, *new]) if old.get(k, unset) != new.get(k, unset)]
+            if recorded["command"] != command:  # another command: not a list of its own fields
+                differ = [f"command {recorded['command']!r} -> {command!r}"]
             if differ:
                 raise ValueError(
                     f"{out} holds a {recorded['command']} run with other arguments ({'; '.join(differ)}): rerun with "
