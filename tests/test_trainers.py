@@ -398,35 +398,33 @@ def _with(argv, flag, value):
     return argv
 
 
-def test_a_rerun_with_other_arguments_is_refused(finished_run, tiny_corpus, tmp_path, monkeypatch, capsys):
+def test_a_rerun_with_other_arguments_is_refused(finished_run, tmp_path, monkeypatch, capsys):
     """Another --mixer, --total_tokens, --dataset or --teacher into a finished folder reused its stages and exited 0
     with a record (and card) of a model that was never trained. Now: one line naming each differing key (old -> new)
     and the flag to start over, before anything loads."""
+    import shutil
+
     import linzoo
     from linzoo import cli
+    from linzoo.trainers import linearize
 
     out, argv = finished_run
-    other_teacher = tmp_path / "other-teacher"
-    other_teacher.mkdir()
-    monkeypatch.setattr(linzoo, "load_teacher", lambda *a, **k: pytest.fail("loaded the teacher"))
-    (tiny_corpus / "other.txt").write_text("Other text. " * 200)
-    for flag, value, shown in [("--mixer", "gla", "mixer 'gated_deltanet' -> 'gla'"),
-                               ("--total_tokens", 999999, "total_tokens 600 -> 999999"),
-                               ("--dataset", tiny_corpus / "other.txt", f"-> '{tiny_corpus / 'other.txt'}'"),
-                               ("--teacher", other_teacher, f"-> '{other_teacher}'")]:
-        assert cli.main(["linearize", *_with(argv, flag, value)]) == 2
-        err = capsys.readouterr().err
-        assert err.count("\n") == 1 and err.startswith(f"linzoo linearize: error: {out} holds a linearize run"), err
-        assert shown in err and "--overwrite_output_dir true" in err and flag.strip("-") in err
-    # the same arguments are the same run: nothing refused (here: all stages done, re-saved); flags that change how
-    # a run is logged or saved, not what it computes, may differ
-    monkeypatch.undo()
-    copy = tmp_path / "copy"
-    import shutil
-    shutil.copytree(out, copy)
-    rerun = _with(_with(argv, "--output_dir", copy), "--logging_steps", 7)
-    from linzoo.trainers import linearize
-    assert linearize.main(rerun) == 0
+    (tmp_path / "other.txt").write_text("Other text. " * 200)
+    (tmp_path / "other-teacher").mkdir()
+    with monkeypatch.context() as m:
+        m.setattr(linzoo, "load_teacher", lambda *a, **k: pytest.fail("loaded the teacher"))
+        for flag, value, shown in [("--mixer", "gla", "mixer 'gated_deltanet' -> 'gla'"),
+                                   ("--total_tokens", 999999, "total_tokens 600 -> 999999"),
+                                   ("--dataset", tmp_path / "other.txt", f"-> '{tmp_path / 'other.txt'}'"),
+                                   ("--teacher", tmp_path / "other-teacher", f"-> '{tmp_path / 'other-teacher'}'")]:
+            assert cli.main(["linearize", *_with(argv, flag, value)]) == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and err.startswith(f"linzoo linearize: error: {out} holds a linearize run"), err
+            assert shown in err and "--overwrite_output_dir true" in err and flag.strip("-") in err
+    # the same arguments are the same run (here: all stages done, re-saved); flags that change how a run is logged or
+    # saved, not what it computes, may differ
+    shutil.copytree(out, tmp_path / "copy")
+    assert linearize.main(_with(_with(argv, "--output_dir", tmp_path / "copy"), "--logging_steps", 7)) == 0
 
 
 def test_a_killed_run_is_held_to_its_arguments_and_overwrite_starts_over(tiny_teacher_dir, tiny_corpus, tmp_path,

@@ -18,8 +18,8 @@ from ..integrity import LINEAGE_FILE, weights_record
 RUN_FILE = "linzoo_run.json"  # the command and arguments a run folder was started with (`run_folder`)
 LOCK_FILE = ".linzoo.lock"  # held by the run writing the folder
 MAX_EPOCHS = 20  # more passes over the data than this need --allow_many_epochs
-# TrainingArguments fields that change how a run is logged, saved or resumed, not what it computes: a rerun into
-# the same folder may change them (and the output folder may move).
+# Fields that change how a run is logged, saved or resumed, or which kernels compute the same math, not what it
+# computes: a rerun into the same folder may change them (and the output folder may move).
 RESULT_NEUTRAL = {"output_dir", "run_name", "report_to", "project", "disable_tqdm", "push_to_hub", "local_rank",
                   "resume_from_checkpoint", "overwrite_output_dir", "allow_many_epochs", "kernel_backend", "debug",
                   "ddp_timeout", "skip_memory_metrics", "enable_jit_checkpoint", "do_train", "do_eval", "do_predict",
@@ -171,10 +171,11 @@ def _claim(out: Path, command: str, arguments: dict, overwrite: bool):
             raise ValueError(f"{out} holds a run made before linzoo recorded its arguments ({RUN_FILE}): pass "
                              "--overwrite_output_dir true to start over, or pick another --output_dir.")
         else:
-            old, new = {"command": recorded["command"], **recorded["arguments"]}, {"command": command, **arguments}
-            unset = "(unset)"
+            old, new, unset = recorded["arguments"], arguments, "(unset)"
             differ = [f"{k} {old.get(k, unset)!r} -> {new.get(k, unset)!r}"
                       for k in dict.fromkeys([*old, *new]) if old.get(k, unset) != new.get(k, unset)]
+            if recorded["command"] != command:  # another command: not a list of its own fields
+                differ = [f"command {recorded['command']!r} -> {command!r}"]
             if differ:
                 raise ValueError(
                     f"{out} holds a {recorded['command']} run with other arguments ({'; '.join(differ)}): rerun with "
@@ -291,7 +292,7 @@ def train_resumed(trainer, resume):
 
 
 def train_and_save(trainer, model, tokenizer, args, model_args, stage, record):
-    """Train (resuming from the last checkpoint in output_dir), merge LoRA, save with lineage."""
+    """Train (resuming from the last complete checkpoint in output_dir), merge LoRA, save with lineage."""
     out = args.output_dir
     check_epochs(args, args.max_steps, len(trainer.train_dataset))
     resume = last_complete_checkpoint(out)

@@ -7,7 +7,9 @@
 Stages (budget split by --stage_fractions, default 0.1/0.2/0.7): 1 attention transfer (only mixers
 train), 2 hidden-state alignment, 3 knowledge distillation. Each stage checkpoints under
 <output_dir>/stageN-*; a rerun of the same command skips finished stages and resumes the running one
-from its last checkpoint (same stage, same step). The final folder loads with
+from its last complete checkpoint (same stage, same step; one a kill cut short is moved aside). The
+arguments are recorded in <output_dir>/linzoo_run.json when a run starts: a rerun with others is refused
+(`--overwrite_output_dir true` starts over). The final folder loads with
 `AutoModelForCausalLM.from_pretrained(<output_dir>, trust_remote_code=True)`.
 """
 
