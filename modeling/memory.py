@@ -93,9 +93,10 @@ def _state(cache, layer_idx, idx):
     return cache.layers[layer_idx].recurrent_states[idx]
 
 
-def memory_forward(mixer, x, valid, cache=None):
+def memory_forward(mixer, x, valid, cache=None, parts=False):
     """The head outputs [B, T, H, D] (before o_proj) of `mixer` with its window / sparse cache; x [B, T, hidden]
-    (padding already zeroed), valid [B, T] bool (False: padding). Reads and updates `cache` when given."""
+    (padding already zeroed), valid [B, T] bool (False: padding). Reads and updates `cache` when given. With `parts`:
+    (p_null [B, T, H, 1], the softmax part [B, T, H, D]), the two pieces beside the normed linear part."""
     mem, idx = mixer.memory, mixer.layer_idx
     B, T, _ = x.shape
     H, Hkv, D, W, G = mixer.num_heads, mixer.num_kv_heads, mixer.head_dim, mem.window, mem.sparse
@@ -114,11 +115,11 @@ def memory_forward(mixer, x, valid, cache=None):
     new, layout = _pack([t for t in (k, v, g, beta, ks, vs, valid[..., None]) if t is not None])
     old = _state(cache, idx, WINDOW)
     E = torch.cat([new.new_zeros(B, W, new.shape[-1]) if old is None else old, new], 1)
-    parts = _unpack(E, layout)
-    kE, vE = parts[0], parts[1]
-    gE = parts[2] if g is not None else None
-    betaE = parts[2 + (g is not None)] if beta is not None else None
-    ksE, vsE, validE = parts[-3], parts[-2], parts[-1][..., 0].bool()
+    unpacked = _unpack(E, layout)
+    kE, vE = unpacked[0], unpacked[1]
+    gE = unpacked[2] if g is not None else None
+    betaE = unpacked[2 + (g is not None)] if beta is not None else None
+    ksE, vsE, validE = unpacked[-3], unpacked[-2], unpacked[-1][..., 0].bool()
     leaving = [None if t is None else t[:, :T] for t in (kE, vE, gE, betaE)]
 
     state = _state(cache, idx, 0)
@@ -164,7 +165,10 @@ def memory_forward(mixer, x, valid, cache=None):
     total = torch.logaddexp(scores.logsumexp(-1), null)
     total = torch.where(total.isfinite(), total, torch.zeros_like(total))  # a padded query with nothing to see
     p_null = (null - total).exp().transpose(1, 2)[..., None]  # [B, T, H, 1]
-    heads = p_null * lin + ((scores - total[..., None]).exp() @ values).transpose(1, 2)
+    soft = ((scores - total[..., None]).exp() @ values).transpose(1, 2)
+    if parts:
+        return p_null, soft
+    heads = p_null * lin + soft
 
     if cache is not None:
         cache.update_recurrent_state(new_state, idx)
@@ -180,3 +184,24 @@ def memory_forward(mixer, x, valid, cache=None):
         seen = counts[:, :1] + valid.float().sum(1, keepdim=True)
         cache.update_recurrent_state(torch.cat([seen, absorbed[:, -1:]], 1), idx, COUNTS)
     return heads.to(x.dtype)
+
+
+@torch.no_grad()
+def fit_null_logit(mixer, x):
+    """Sets b_h to the teacher's own mean log-mean-exp score of the tokens outside the window (over the queries of
+    x [B, T, hidden] that have any): the null key then carries, on average, the attention mass the teacher gives them.
+    The sparse cache is left out of the count (a fit for its tokens too would depend on the selection)."""
+    B, T, _ = x.shape
+    H, Hkv, D, W = mixer.num_heads, mixer.num_kv_heads, mixer.head_dim, mixer.memory.window
+    positions = torch.arange(T, device=x.device)[None].expand(B, -1)
+    inv_freq = rope_inv_freq(D, mixer.memory.rope_theta)
+    q = rope(mixer.q_proj(x).view(B, T, H, D).transpose(1, 2), positions, inv_freq).float()
+    k = rope(mixer.k_proj(x).view(B, T, Hkv, D).transpose(1, 2), positions, inv_freq).float()
+    scores = (q @ k.repeat_interleave(H // Hkv, 1).transpose(-1, -2)) * D**-0.5  # [B, H, T, T]
+    outside = torch.ones(T, T, dtype=torch.bool, device=x.device).tril(-W)
+    count = outside.sum(-1)  # [T]
+    rows = count > 0
+    if not rows.any():
+        return
+    mean = scores.masked_fill(~outside, float("-inf"))[:, :, rows].logsumexp(-1) - count[rows].log()
+    mixer.memory.null_logit.copy_(mean.mean((0, 2)))
