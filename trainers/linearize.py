@@ -173,7 +173,7 @@ def linearize_run(args: LinearizeConfig):
             if args.auto_attn_layers:
                 args.attn_layers = choose_attn_layers(teacher, tokenizer, args.auto_attn_layers, out)
             student = linearize(teacher, args.mixer, calibration=calibration, attn_layers=args.attn_layers,
-                                kernel_backend=args.kernel_backend)
+                                kernel_backend=args.kernel_backend, window_size=args.window_size)
             check_same_vocab(student, teacher)
             if calibration is not None:
                 report = student.calibration_report

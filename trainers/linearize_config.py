@@ -63,6 +63,11 @@ class LinearizeConfig(SFTConfig, KDArguments):
         metadata={"help": "Tokens of the training text (rows of at most 512) the fresh student is fitted to the teacher "
                           "on before stage 1 (linzoo.calibrate; results/init/). 0: the plain start."},
     )
+    window_size: int = field(
+        default=0,
+        metadata={"help": "Exact softmax over the last N tokens beside the linear state in every linear layer (the "
+                          "config's window_size; typical 64-256). 0: off."},
+    )
     # Defaults for a linearization run (overridable like any TrainingArguments field).
     report_to: list[str] | str | None = field(default="none", metadata={"help": "Trackers (e.g. wandb) or 'none'."})
     logging_steps: float = field(default=10, metadata={"help": "Log every N steps."})
