@@ -27,6 +27,7 @@ import time
 import torch
 
 from .capture import mixer_io
+from .modeling.memory import fit_null_logit, memory_forward
 
 # Per-head candidates (tokens for a half-life, beta or input-gate level for a strength). The first search holds the
 # later knobs at their default.
@@ -40,8 +41,9 @@ KNOB_TOKENS = 512
 
 @torch.no_grad()
 @torch.no_grad()
-def normalised_heads(mixer, x):
-    """The mixer's per-head outputs on x after its output norm's normalisation, before its weight: [N, H, D] fp32."""
+def normalised_heads(mixer, x, shares=None):
+    """The mixer's per-head outputs on x after its output norm's normalisation, before its weight: [N, H, D] fp32;
+    times the linear part's `shares` [N', H, 1] (their first N rows) where the layer has a window / sparse cache."""
     seen = {}
     hook = mixer.o_norm.register_forward_hook(lambda m, args, out: seen.__setitem__("z", args[0]))
     try:
@@ -50,7 +52,8 @@ def normalised_heads(mixer, x):
         hook.remove()
     z = seen["z"].float()
     z = z * torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + mixer.o_norm.eps)
-    return z.reshape(-1, mixer.num_heads, mixer.head_dim)
+    z = z.reshape(-1, mixer.num_heads, mixer.head_dim)
+    return z if shares is None else z * shares[: len(z)]
 
 
 def head_misfit(n, a, o_weight):
@@ -150,6 +153,15 @@ def fit_to_teacher(student, teacher, input_ids, verbose=False):
         # results/init/), the output norm and o_proj fitted on all.
         knob_rows = min(x.shape[0], -(-KNOB_TOKENS // x.shape[1]))
         x_knob, a = x[:knob_rows], a[:knob_rows].float().reshape(-1, H, mixer.head_dim)
+        shares = soft = None
+        if mixer.memory is not None:
+            # A window / sparse cache (`memory.py`) is the teacher's own softmax: fixed, its null logit set from the
+            # teacher's scores; the linear part (weighted by its share p_null) is fitted to what the softmax leaves.
+            fit_null_logit(mixer, x_knob)
+            shares, soft = (t.reshape(-1, H, t.shape[-1]).float() for t in memory_forward(
+                mixer, x, torch.ones(x.shape[:2], dtype=torch.bool, device=x.device), parts=True))
+        if soft is not None:
+            a = a - soft[: len(a)]
         knobs = {name: torch.full((H,), DEFAULTS[name]) for name in mixer.start_knobs}
         if knobs:
             mixer.set_start_knobs(**knobs)
@@ -159,7 +171,7 @@ def fit_to_teacher(student, teacher, input_ids, verbose=False):
             outs, misfit = [], []
             for value in candidates:
                 mixer.set_start_knobs(**{**knobs, name: torch.full((H,), value)})
-                outs.append(normalised_heads(mixer, x_knob))
+                outs.append(normalised_heads(mixer, x_knob, shares))
                 misfit.append(head_misfit(outs[-1], a, mixer.o_proj.weight))
             best = torch.stack(misfit).argmin(0).cpu()
             knobs[name] = torch.tensor([candidates[k] for k in best])
@@ -167,11 +179,13 @@ def fit_to_teacher(student, teacher, input_ids, verbose=False):
             # Heads do not interact before o_proj: the chosen heads' outputs are already computed.
             n = torch.stack([outs[k][:, h] for h, k in enumerate(best.tolist())], 1)
         if n is None or knob_rows < x.shape[0]:
-            n = normalised_heads(mixer, x)
+            n = normalised_heads(mixer, x, shares)
         y = y.reshape(-1, y.shape[-1])
-        w, error = fit_output_norm(n, y, mixer.o_proj.weight)
+        rest = y if soft is None else y - mixer.o_proj(soft.reshape(len(y), -1).to(y.dtype))
+        w, error = fit_output_norm(n, rest, mixer.o_proj.weight)
         mixer.o_norm.weight.copy_(w)
-        z = (n * mixer.o_norm.weight.float()).reshape(n.shape[0], -1)  # what o_proj receives: o_norm = weight * n
+        z = n * mixer.o_norm.weight.float()  # what o_proj receives: o_norm = weight * n (plus the softmax part)
+        z = (z if soft is None else z + soft).reshape(n.shape[0], -1)
         ridge, weight = refit_output_projection(z, y, mixer.o_proj.weight, input_ids.shape[0])
         if weight is not None:
             mixer.o_proj.weight.copy_(weight.to(mixer.o_proj.weight.dtype))

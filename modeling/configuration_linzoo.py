@@ -38,6 +38,12 @@ class LinzooConfig(PretrainedConfig):
         gate_logit_normalizer (`float`): divides GLA's log-sigmoid gate (fla's default 16).
         igate_soft_cap (`float`): soft cap on xLSTM's exponential input gate pre-activation.
         chunk_size (`int`): chunk length of the pure-torch chunked form.
+        window_size (`int`): in every linear layer, exact softmax attention (the teacher's q, k, v with RoPE) over the
+            last `window_size` tokens beside the linear state, which then holds only the tokens that left the window
+            (LoLCATs; `memory.py`). 0 (the default): off.
+        sparse_cache_size (`int`): in every linear layer, a cache of the key-value pairs the linear state recalls
+            worst, attended with the same softmax (LoLA); an inference assist, settable at load
+            (`from_pretrained(..., sparse_cache_size=64)`). 0 (the default): off.
         teacher (`str`): lineage: where the backbone came from (the rest of the lineage — stage, parent, new
             parameters — is in the checkpoint's `linzoo_training.json`).
     """
@@ -75,6 +81,8 @@ class LinzooConfig(PretrainedConfig):
         gate_logit_normalizer=16.0,
         igate_soft_cap=15.0,
         chunk_size=64,
+        window_size=0,
+        sparse_cache_size=0,
         teacher=None,
         **kwargs,
     ):
@@ -96,6 +104,9 @@ class LinzooConfig(PretrainedConfig):
             raise ValueError(f"conv_size must be >= 2, got {conv_size}.")
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}.")
+        for name, value in (("window_size", window_size), ("sparse_cache_size", sparse_cache_size)):
+            if int(value) != value or value < 0:
+                raise ValueError(f"{name} must be a whole number >= 0 (0: off), got {value!r}.")
 
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
@@ -121,6 +132,8 @@ class LinzooConfig(PretrainedConfig):
         self.gate_logit_normalizer = gate_logit_normalizer
         self.igate_soft_cap = igate_soft_cap
         self.chunk_size = chunk_size
+        self.window_size = int(window_size)
+        self.sparse_cache_size = int(sparse_cache_size)
         self.teacher = teacher
         # transformers' DynamicCache(config=...) builds one recurrent-state layer per "linear_attention" entry.
         self.layer_types = [

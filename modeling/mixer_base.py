@@ -19,6 +19,7 @@ from torch import nn
 from transformers import initialization as init
 
 from .kernels import fused_rms_norm, fused_short_conv, linear_core, torch_core, use_fused_ops
+from .memory import Memory, memory_forward
 
 # Below this many new tokens and without autograd, decode with the fused-recurrent kernels (as fla's layers do).
 RECURRENT_MAX_LEN = 64
@@ -174,6 +175,8 @@ class LinearMixer(nn.Module):
         silu = {"silu": None, "silu_qk": (H + Hkv) * D, "identity": 0}[config.conv_activation]
         self.conv = ShortConv((H + 2 * Hkv) * D, config.conv_size, silu) if config.use_short_conv else None
         self.o_norm = RMSNorm(D, eps=config.rms_norm_eps, config=config)
+        # Exact softmax over a sliding window and a sparse cache beside the state (`memory.py`); off by default.
+        self.memory = Memory(config, H) if config.window_size or config.sparse_cache_size else None
 
     @classmethod
     def state_shapes(cls, config):
@@ -237,7 +240,14 @@ class LinearMixer(nn.Module):
     def token_weights(self, hidden_states, **_):
         """[B, H, T, T]: the weight of token j's value in head output t, before the output norm — this mixer's
         counterpart of softmax attention weights. Every mixer's output is linear in the values, so running the
-        recurrence (pure torch) with token j's value set to the j-th unit vector reads the weights off exactly."""
+        recurrence (pure torch) with token j's value set to the j-th unit vector reads the weights off exactly.
+        With a window or sparse cache (`memory.py`) the linear part passes through the output norm before the softmax
+        part joins it: no such weights exist, and this raises."""
+        if self.memory is not None:
+            raise NotImplementedError(
+                "token_weights is not defined with window_size or sparse_cache_size > 0: the linear part goes through "
+                "the output norm before the softmax part joins it. Score heads on the student without them "
+                "(window_size=0, sparse_cache_size=0).")
         x = hidden_states
         B, T, _ = x.shape
         q, k, _ = self.project(x)
@@ -255,6 +265,15 @@ class LinearMixer(nn.Module):
             x = x * attention_mask[:, -x.shape[1] :, None].to(x.dtype)
         B, T, _ = x.shape
         H, D = self.num_heads, self.head_dim
+        if self.memory is not None:
+            valid = torch.ones(B, T, dtype=torch.bool, device=x.device) if attention_mask is None else (
+                attention_mask[:, -T:].bool())
+            if cu_seqlens is None:
+                o = memory_forward(self, x, valid, cache)
+            else:  # packed rows: sequence by sequence, each from an empty memory
+                bounds = cu_seqlens.tolist()
+                o = torch.cat([memory_forward(self, x[:, s:e], valid[:, s:e]) for s, e in zip(bounds[:-1], bounds[1:])], 1)
+            return self.o_proj(o.reshape(B, T, H * D))
         q, k, v = self.features(*self.project(x, cache, seq_idx, cu_seqlens))
         g, beta = self.gates(x)
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
-from transformers.cache_utils import DynamicCache
+from transformers.cache_utils import DynamicCache, LinearAttentionCacheLayerMixin
 from transformers.loss.loss_utils import LOSS_MAPPING
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
@@ -18,6 +18,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from .configuration_linzoo import LinzooConfig
 from .graph_decoding import graph_decoding
 from .kernels import fused_cross_entropy, fused_swiglu, use_fused_ops
+from .memory import NUMBER_OF_STATES, rope, rope_inv_freq
 from .mixer_base import RMSNorm
 from .mixers import MIXER_CLASSES
 
@@ -32,9 +33,14 @@ class LinzooCache(DynamicCache):
     linear-attention layers cannot answer; the count answers it for every layer type.
     """
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, *args, config=None, **kwargs):
+        super().__init__(*args, config=config, **kwargs)
         self.seen_tokens = 0
+        if config is not None and (config.window_size or config.sparse_cache_size):
+            # a linear layer with a window / sparse cache keeps them beside its state (`memory.py`)
+            for layer in self.layers:
+                if isinstance(layer, LinearAttentionCacheLayerMixin):
+                    LinearAttentionCacheLayerMixin.__init__(layer, number_of_states=NUMBER_OF_STATES)
 
     def get_seq_length(self, layer_idx=0):
         return self.seen_tokens
@@ -64,11 +70,6 @@ class LinzooMLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-def _rotate_half(x):
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 class LinzooAttention(nn.Module):
     """Softmax attention with RoPE, kept at `config.attn_layers` in hybrid students (the teacher's own layer)."""
 
@@ -88,8 +89,7 @@ class LinzooAttention(nn.Module):
 
     def reset_new_parameters(self):
         # A non-persistent buffer: recomputed here, also after from_pretrained builds the model on `meta`.
-        exponent = torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim
-        init.copy_(self.inv_freq, 1.0 / self.rope_theta**exponent)
+        init.copy_(self.inv_freq, rope_inv_freq(self.head_dim, self.rope_theta))
 
     def project(self, hidden_states, position_ids):
         """q [B,H,T,D], k and v [B,Hkv,T,D], RoPE applied to q and k."""
@@ -98,10 +98,7 @@ class LinzooAttention(nn.Module):
         q = self.q_proj(hidden_states).view(shape).transpose(1, 2)
         k = self.k_proj(hidden_states).view(shape).transpose(1, 2)
         v = self.v_proj(hidden_states).view(shape).transpose(1, 2)
-        freqs = position_ids[:, None, :, None].float() * self.inv_freq.to(q.device)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos().to(q.dtype), emb.sin().to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+        return rope(q, position_ids, self.inv_freq), rope(k, position_ids, self.inv_freq), v
 
     @torch.no_grad()
     def token_weights(self, hidden_states, position_ids=None, **_):

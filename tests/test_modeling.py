@@ -5,6 +5,7 @@ but run by default."""
 
 import ast
 import json
+import math
 import os
 import subprocess
 import sys
@@ -35,7 +36,17 @@ MIXER_CASES = [pytest.param(m, (), id=m) for m in linzoo.MIXERS]
 HYBRID_CASES = [pytest.param("gated_deltanet", (1,), id="hybrid-gated_deltanet-attn1"),
                 pytest.param("xlstm", (0,), id="hybrid-xlstm-attn0")]
 ALL_CASES = MIXER_CASES + HYBRID_CASES
-CASE_IDS = {p.id: p.values for p in ALL_CASES}
+# The window / sparse cache beside the state (modeling/memory.py): (mixer, attn_layers, config overrides).
+MEMORY_CASES = [
+    pytest.param("gated_deltanet", (), {"window_size": 4}, id="window4-gated_deltanet"),
+    pytest.param("gla", (), {"window_size": 1}, id="window1-gla"),
+    pytest.param("xlstm", (), {"window_size": 64}, id="window64-xlstm"),  # longer than every sequence here
+    pytest.param("gated_deltanet", (), {"sparse_cache_size": 3}, id="sparse3-gated_deltanet"),
+    pytest.param("kda", (), {"window_size": 5, "sparse_cache_size": 2}, id="window5-sparse2-kda"),
+    pytest.param("deltanet", (1,), {"window_size": 3, "sparse_cache_size": 2}, id="hybrid-window3-sparse2-deltanet"),
+]
+# every case a saved model is reloaded in: (mixer, attn_layers, overrides)
+CASE_IDS = {**{p.id: (*p.values, {}) for p in ALL_CASES}, **{p.id: p.values for p in MEMORY_CASES}}
 
 # Parameters each mixer adds to a Llama attention layer (names inside `self_attn`); the rest is the teacher's.
 TEACHER_PROJ = {"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"}
@@ -423,10 +434,153 @@ def test_packed_sequences_with_padding_mask_raise():
 
 
 # ------------------------------------------------------------------------------------------------
+# 3b. a sliding window and a sparse cache beside the linear state (modeling/memory.py)
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mixer, attn_layers, overrides", MEMORY_CASES)
+def test_memory_decoding_padding_packing_generate(mixer, attn_layers, overrides):
+    """The shared checks with a window / sparse cache: cached prefill + blocks + single tokens == full forward,
+    left padding, packed rows, generate() with the cache == without and == each prompt alone."""
+    model = tiny_model(mixer, attn_layers, **overrides)
+    check_decoding(model)
+    check_left_padding(model)
+    check_packed(model)
+    check_generate(model)
+
+
+@pytest.mark.parametrize("mixer, attn_layers, overrides", MEMORY_CASES)
+def test_memory_chunk_size_and_short_inputs(mixer, attn_layers, overrides):
+    """Chunked forms of any chunk size (and the recurrent form of inputs up to 4 tokens) give the same logits."""
+    model = tiny_model(mixer, attn_layers, **overrides)
+    ids, mask = left_padded(torch.randint(1, VOCAB, (1, 21)), torch.randint(1, VOCAB, (1, 10)))
+    logits = {}
+    with torch.no_grad():
+        for chunk in (1, 3, 64):
+            model.config.chunk_size = chunk
+            logits[chunk] = model(ids, attention_mask=mask, use_cache=False).logits
+        short = torch.randint(1, VOCAB, (2, 3))
+        torch.testing.assert_close(model(short, use_cache=False).logits, model(short, use_cache=True).logits, **TOL)
+    torch.testing.assert_close(logits[1], logits[64], **TOL)
+    torch.testing.assert_close(logits[3], logits[64], **TOL)
+
+
+@pytest.mark.parametrize("overrides", [{"window_size": 4}, {"window_size": 5, "sparse_cache_size": 2}])
+def test_memory_forward_backward(overrides):
+    check_forward_backward(tiny_model("kda", **overrides))  # the null logit gets a gradient too
+
+
+def _reference_memory_heads(mixer, x):
+    """memory.py's head outputs, token by token from its docstring alone: absorb the token leaving the window into
+    the state (one recurrent step), score it by ||v - S^T k|| right after, keep the G worst-recalled absorbed tokens,
+    then softmax over window + cache + the null logit (b_h + log of the tokens only the state holds)."""
+    W, G = mixer.memory.window, mixer.memory.sparse
+    B, T, _ = x.shape
+    H, Hkv, D = mixer.num_heads, mixer.num_kv_heads, mixer.head_dim
+    q, k, v = mixer.features(*mixer.project(x))
+    g, beta = mixer.gates(x)
+    if mixer.qk_l2norm:
+        q, k = F.normalize(q.float(), dim=-1), F.normalize(k.float(), dim=-1)
+    theta = mixer.config.rope_theta
+    angle = torch.arange(T)[:, None].float() / theta ** (torch.arange(0, D, 2).float() / D)  # [T, D/2]
+    cos, sin = torch.cat([angle, angle], -1).cos(), torch.cat([angle, angle], -1).sin()
+
+    def rotated(proj, heads):
+        y = proj(x).view(B, T, heads, D).float()
+        return y * cos[:, None] + torch.cat([-y[..., D // 2:], y[..., : D // 2]], -1) * sin[:, None]
+
+    qs, ks = rotated(mixer.q_proj, H), rotated(mixer.k_proj, Hkv).repeat_interleave(H // Hkv, 2)
+    vs = mixer.v_proj(x).view(B, T, Hkv, D).float().repeat_interleave(H // Hkv, 2)
+    out = torch.zeros(B, T, H, D)
+    for b in range(B):
+        S = torch.zeros(1, H, D, v.shape[-1])
+        cache = [[] for _ in range(H)]  # per head: (-error, index) of the cached tokens
+        for t in range(T):
+            j = t - W
+            if j >= 0:
+                step = lambda y: None if y is None else y[b : b + 1, j : j + 1]  # noqa: E731
+                recalled, S = torch_recurrent(step(k), step(k), step(v), step(g), step(beta), delta=mixer.delta,
+                                              scale=mixer.scale, initial_state=S)
+                error = (v[b, j, :, :D] - recalled[0, 0, :, :D] / mixer.scale).norm(dim=-1)
+                for h in range(H):
+                    cache[h] = sorted(cache[h] + [(-error[h].item(), j)])[:G]
+            lin = mixer.scale * torch.einsum("hkv,hk->hv", S[0], q[b, t].float())
+            normed = mixer.o_norm(mixer.readout(lin[None, None]))[0, 0].float()
+            for h in range(H):
+                keys = list(range(max(0, t - W + 1), t + 1)) + [i for _, i in cache[h]]
+                logits = [qs[b, t, h] @ ks[b, i, h] / D**0.5 for i in keys]
+                only_state = max(0, j + 1) - len(cache[h])
+                if only_state:
+                    logits.append(mixer.memory.null_logit[h] + math.log(only_state))
+                p = torch.stack(logits).softmax(0)
+                out[b, t, h] = sum(p[n] * vs[b, i, h] for n, i in enumerate(keys))
+                if only_state:
+                    out[b, t, h] += p[-1] * normed[h]
+    return out
+
+
+@pytest.mark.parametrize("mixer, overrides", [
+    ("gated_deltanet", {"window_size": 4}), ("gla", {"window_size": 1}), ("gated_deltanet", {"sparse_cache_size": 3}),
+    ("kda", {"window_size": 3, "sparse_cache_size": 2}), ("deltanet", {"window_size": 30}),
+])
+def test_memory_equals_token_by_token_reference(mixer, overrides):
+    from linzoo.modeling.memory import memory_forward
+
+    model = tiny_model(mixer, **overrides)
+    attn = model.model.layers[0].self_attn
+    with torch.no_grad():
+        attn.memory.null_logit.copy_(torch.randn(attn.num_heads))
+        x = torch.randn(2, 19, 32)
+        want = _reference_memory_heads(attn, x)
+        got = memory_forward(attn, x, torch.ones(2, 19, dtype=torch.bool))
+    torch.testing.assert_close(got.float(), want, **TOL)
+
+
+def test_window_longer_than_the_input_is_the_teacher(llama_teacher):
+    """With the window covering the input the linear part has weight 0: the student is its teacher, from the plain
+    start and from the start fitted to the teacher (which leaves the softmax part alone)."""
+    ids = torch.randint(1, VOCAB, (2, 15))
+    with torch.no_grad():
+        want = llama_teacher(ids).logits
+        for calibration in (None, torch.randint(1, VOCAB, (2, 24))):
+            student = linzoo.linearize(llama_teacher, "gated_deltanet", calibration=calibration, window_size=16).eval()
+            torch.testing.assert_close(student(ids).logits, want, **TOL)
+    assert student.model.layers[0].self_attn.memory.null_logit.abs().sum() > 0  # fitted to the teacher's scores
+
+
+def test_memory_cache_is_bounded():
+    """The cache holds W + G entries per layer whatever the context length."""
+    model = tiny_model("gated_deltanet", window_size=4, sparse_cache_size=3)
+    sizes = []
+    with torch.no_grad():
+        for T in (6, 30):
+            cache = cache_of(model(torch.randint(1, VOCAB, (1, T)), use_cache=True))
+            sizes.append([tuple(t.shape) for t in cache.layers[0].recurrent_states.values()])
+    assert sizes[0] == sizes[1] and sizes[0][1][1] == 4 and sizes[0][2][1] == 3
+
+
+def test_memory_token_weights_raise_clearly():
+    attn = tiny_model("gla", window_size=4).model.layers[0].self_attn
+    with pytest.raises(NotImplementedError, match="window_size"):
+        attn.token_weights(torch.randn(1, 5, 32))
+
+
+def test_sparse_cache_set_at_load(tmp_path):
+    """A student saved without it gets a sparse cache at load (trust_remote_code), its null logit at its start."""
+    from transformers import AutoModelForCausalLM
+
+    tiny_model("gated_deltanet").save_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=True, sparse_cache_size=3).eval()
+    assert model.config.sparse_cache_size == 3
+    assert torch.equal(model.model.layers[0].self_attn.memory.null_logit, torch.zeros(4))
+    check_decoding(model)
+
+
+# ------------------------------------------------------------------------------------------------
 # 4. save_pretrained -> AutoModelForCausalLM.from_pretrained(trust_remote_code=True) in a fresh process
 # ------------------------------------------------------------------------------------------------
 
-REMOTE_CODE_FILES = {"configuration_linzoo.py", "modeling_linzoo.py", "mixers.py", "mixer_base.py", "kernels.py",
+REMOTE_CODE_FILES = {"configuration_linzoo.py", "modeling_linzoo.py", "mixers.py", "mixer_base.py", "kernels.py", "memory.py",
                      "linear_ops.py", *(f"mixer_{name}.py" for name in linzoo.MIXERS)}
 OPTIONAL_KERNEL_PACKAGES = {"fla", "mlstm_kernels"}
 FORBIDDEN_NAMES = {"subprocess", "urllib", "urllib3", "requests", "socket", "http", "httpx", "aiohttp"}
@@ -459,8 +613,8 @@ def saved_and_reloaded(tmp_path_factory):
     """Every case saved with save_pretrained, then all reloaded in ONE fresh interpreter (imports cost seconds)."""
     root = tmp_path_factory.mktemp("saved")
     ids, mask = left_padded(torch.randint(1, VOCAB, (1, 19)), torch.randint(1, VOCAB, (1, 7)))
-    for name, (mixer, attn_layers) in CASE_IDS.items():
-        model = tiny_model(mixer, attn_layers)
+    for name, (mixer, attn_layers, overrides) in CASE_IDS.items():
+        model = tiny_model(mixer, attn_layers, **overrides)
         model.save_pretrained(root / name)
         with torch.no_grad():
             logits = model(ids, attention_mask=mask).logits
@@ -484,7 +638,7 @@ def test_save_and_load_in_fresh_process(case, saved_and_reloaded):
     root, proc, results = saved_and_reloaded
     assert case in results, f"the fresh process did not get to {case} (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
     got = results[case]
-    mixer, attn_layers = CASE_IDS[case]
+    mixer, attn_layers, _ = CASE_IDS[case]
     assert got["identical"], f"reloaded logits differ by up to {got['max_diff']}"
     assert got["module"].startswith("transformers_modules.") and got["class"] == "LinzooForCausalLM", got
     assert (got["mixer"], got["attn_layers"]) == (mixer, list(attn_layers))
@@ -586,6 +740,8 @@ def test_remote_code_checker_catches_violations():
     ({"hidden_size": 30}, ["hidden_size"]),
     ({"conv_size": 1}, ["conv_size"]),
     ({"chunk_size": 0}, ["chunk_size"]),
+    ({"window_size": -1}, ["window_size", "-1"]),
+    ({"sparse_cache_size": 1.5}, ["sparse_cache_size", "1.5"]),
 ])
 def test_config_errors(kwargs, fragments):
     with pytest.raises(ValueError) as err:

@@ -182,7 +182,7 @@ def _linearize(args: LinearizeConfig):
             attn_layers = (choose_attn_layers(teacher, tokenizer, args.auto_attn_layers, out) if args.auto_attn_layers
                            else args.attn_layers)
             student = linearize(teacher, args.mixer, calibration=calibration, attn_layers=attn_layers,
-                                kernel_backend=args.kernel_backend)
+                                kernel_backend=args.kernel_backend, window_size=args.window_size)
             check_same_vocab(student, teacher)
             if calibration is not None:
                 report = student.calibration_report

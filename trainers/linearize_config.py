@@ -69,6 +69,11 @@ class LinearizeConfig(RunArguments, SFTConfig, KDArguments):
                           "the time left stops, saves and the run goes on, so a student is always saved "
                           "(linzoo.trainers.deadline)."},
     )
+    window_size: int = field(
+        default=0,
+        metadata={"help": "Exact softmax over the last N tokens beside the linear state in every linear layer (the "
+                          "config's window_size; typical 64-256). 0: off."},
+    )
     # Defaults for a linearization run (overridable like any TrainingArguments field).
     report_to: list[str] | str | None = field(default="none", metadata={"help": "Trackers (e.g. wandb) or 'none'."})
     logging_steps: float = field(default=10, metadata={"help": "Log every N steps."})
@@ -92,6 +97,8 @@ class LinearizeConfig(RunArguments, SFTConfig, KDArguments):
             raise ValueError(f"stage_trainable must be three of 'mixers'/'all', got {self.stage_trainable}.")
         if not 0 <= self.chat_fraction < 1:
             raise ValueError(f"chat_fraction must lie in [0, 1), got {self.chat_fraction}.")
+        if self.window_size < 0:
+            raise ValueError(f"window_size must be >= 0 (0: off; typical 64-256), got {self.window_size}.")
         if self.calibration_tokens < 0:
             raise ValueError(f"calibration_tokens must be >= 0 (0: no fit), got {self.calibration_tokens}.")
         if self.max_wall_seconds < 0:

@@ -1,0 +1,207 @@
+"""Exact softmax attention beside the linear state: a sliding window (`window_size`) and a sparse cache of the
+pairs the state recalls worst (`sparse_cache_size`), per linear layer, with a bounded cache.
+
+Sources: LoLCATs (Zhang et al., 2024; HazyResearch/lolcats `linear_window_attention_sw.py`): softmax over the last W
+tokens, linear attention over the tokens that left the window, one normaliser shared by both. LoLA (McDermott et
+al., 2025, arXiv 2505.23666): a third memory, a small cache of the pairs the linear state recalls worst (self-recall
+error ||v - S^T k||), attended with the same softmax.
+
+Per head, for query t (positions count real tokens only, so left padding and packing change nothing):
+
+    o_t = p_null * o_norm(S_{t-W}^T q_t)  +  sum_{j in window(t) u cache(t)} p_j v_j
+    p = softmax over [q_t.k_j / sqrt(D) for those j]  and one null logit  b_h + log n_t
+
+- the keys, values and queries of the softmax are the teacher's own (q_proj, k_proj, v_proj with RoPE): with the
+  window covering the whole context a student's layer is the teacher's attention exactly;
+- S_{t-W} is the linear state after the last token that left the window (LoLCATs' linear term over j <= t - W): the
+  recurrence runs unchanged on inputs delayed by W tokens, so every form (chunked, recurrent, fla's kernels) keeps it;
+- our mixers' states carry no normaliser (the delta rule has none), so the null logit stands in for LoLCATs'
+  linear-attention mass: n_t is the number of tokens only the state holds, b_h a learned per-head logit, the mean
+  score of such a token (`fit_null_logit` sets it from the teacher's own scores; 0 otherwise). With no token outside
+  the window (t < W) the null weight is 0 and the head is the teacher's head;
+- cache(t): the `sparse_cache_size` tokens with the largest recall error among those that left the window (ties: the
+  earlier), each scored once, right after the state absorbs it (||v_j - S_j^T k_j||, the state's own readout, first
+  D value columns). Fixed scores make "top-G so far" exact in every form: the full forward counts, per query, the
+  absorbed tokens that beat each candidate; decoding keeps the G best and compares each newcomer.
+
+Cost: one more run of the linear core for the recall scores (with a cache), and softmax scores over the window and
+cache: [T, W + T] per head for a full forward, [T, G + W + T] and a [G + T, G + T] ranking with the cache; decoding
+keeps W + G keys per layer whatever the context length. The softmax runs in torch on every device (the same code on
+CPU and CUDA); only the linear core uses the CUDA kernels. Packed rows run sequence by sequence.
+"""
+
+import math
+
+import torch
+from torch import nn
+from transformers import initialization as init
+
+from .kernels import linear_core
+
+# The layer cache's states (transformers' LinearAttentionLayer holds several): 0 the linear state, then the window
+# (delayed linear inputs and softmax keys/values of the last W tokens), the sparse cache, and counts of real tokens.
+WINDOW, SPARSE, COUNTS = 1, 2, 3
+NUMBER_OF_STATES = 4
+
+
+def rope_inv_freq(head_dim, theta):
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim
+    return 1.0 / theta**exponent
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope(x, positions, inv_freq):
+    """RoPE on x [B, heads, T, D] at positions [B, T] (Llama's)."""
+    freqs = positions[:, None, :, None].float() * inv_freq.to(x.device)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    return x * cos + rotate_half(x) * sin
+
+
+class Memory(nn.Module):
+    """The window / sparse cache of one linear layer: its sizes and the per-head null logit `b_h`."""
+
+    def __init__(self, config, num_heads):
+        super().__init__()
+        self.window, self.sparse = config.window_size, config.sparse_cache_size
+        self.rope_theta = config.rope_theta
+        self.null_logit = nn.Parameter(torch.zeros(num_heads))
+
+    def reset_new_parameters(self):
+        init.zeros_(self.null_logit)  # an outside token scores like q.k = 0
+
+
+def _pack(parts):
+    """[B, T, ...] tensors -> one fp32 [B, T, F] (the cache keeps one tensor per state) and the shapes to undo it."""
+    B, T = parts[0].shape[:2]
+    return torch.cat([p.reshape(B, T, -1).float() for p in parts], -1), [(p.shape[2:], p.dtype) for p in parts]
+
+
+def _unpack(packed, layout):
+    B, T = packed.shape[:2]
+    sizes = [math.prod(shape) for shape, _ in layout]
+    return [x.reshape(B, T, *shape).to(dtype) for x, (shape, dtype) in zip(packed.split(sizes, -1), layout)]
+
+
+def _state(cache, layer_idx, idx):
+    if cache is None or not cache.layers[layer_idx].is_recurrent_states_initialized[idx]:
+        return None
+    return cache.layers[layer_idx].recurrent_states[idx]
+
+
+def memory_forward(mixer, x, valid, cache=None, parts=False):
+    """The head outputs [B, T, H, D] (before o_proj) of `mixer` with its window / sparse cache; x [B, T, hidden]
+    (padding already zeroed), valid [B, T] bool (False: padding). Reads and updates `cache` when given. With `parts`:
+    (p_null [B, T, H, 1], the softmax part [B, T, H, D]), the two pieces beside the normed linear part."""
+    mem, idx = mixer.memory, mixer.layer_idx
+    B, T, _ = x.shape
+    H, Hkv, D, W, G = mixer.num_heads, mixer.num_kv_heads, mixer.head_dim, mem.window, mem.sparse
+    dev = x.device
+    q, k, v = mixer.features(*mixer.project(x, cache))
+    g, beta = mixer.gates(x)
+    counts = _state(cache, idx, COUNTS)
+    counts = x.new_zeros(B, 2, dtype=torch.float32) if counts is None else counts  # real tokens seen, absorbed
+    positions = counts[:, :1].long() + valid.long().cumsum(1) - 1
+    inv_freq = rope_inv_freq(D, mem.rope_theta)
+    qs = rope(mixer.q_proj(x).view(B, T, H, D).transpose(1, 2), positions, inv_freq)
+    ks = rope(mixer.k_proj(x).view(B, T, Hkv, D).transpose(1, 2), positions, inv_freq).transpose(1, 2)
+    vs = mixer.v_proj(x).view(B, T, Hkv, D)
+
+    # E: the window's last W tokens (zeros, not valid, before any) then the new ones; E[:T] leave the window now.
+    new, layout = _pack([t for t in (k, v, g, beta, ks, vs, valid[..., None]) if t is not None])
+    old = _state(cache, idx, WINDOW)
+    E = torch.cat([new.new_zeros(B, W, new.shape[-1]) if old is None else old, new], 1)
+    unpacked = _unpack(E, layout)
+    kE, vE = unpacked[0], unpacked[1]
+    gE = unpacked[2] if g is not None else None
+    betaE = unpacked[2 + (g is not None)] if beta is not None else None
+    ksE, vsE, validE = unpacked[-3], unpacked[-2], unpacked[-1][..., 0].bool()
+    leaving = [None if t is None else t[:, :T] for t in (kE, vE, gE, betaE)]
+
+    state = _state(cache, idx, 0)
+    o, new_state = linear_core(mixer.config, mixer, q, *leaving, initial_state=state,
+                               output_final_state=cache is not None)
+    lin = mixer.o_norm(mixer.readout(o)).float()
+
+    # Candidates: the sparse cache's G entries (per head), then E. Column c of the scores is candidate c.
+    sparse_old = _state(cache, idx, SPARSE)
+    if G:
+        recalled, _ = linear_core(mixer.config, mixer, leaving[0], *leaving, initial_state=state)
+        error = (leaving[1][..., :D].float() - recalled[..., :D].float() / mixer.scale).norm(dim=-1)  # [B, T, H]
+        if sparse_old is None:
+            sparse_old = x.new_zeros(B, G, H, 2 * D + 2, dtype=torch.float32)
+        ks_c, vs_c, score_c, valid_c = sparse_old.split([D, D, 1, 1], -1)
+        keys = torch.cat([ks_c.transpose(1, 2), ksE.float().transpose(1, 2).repeat_interleave(H // Hkv, 1)], 2)
+        values = torch.cat([vs_c.transpose(1, 2), vsE.float().transpose(1, 2).repeat_interleave(H // Hkv, 1)], 2)
+    else:
+        keys = ksE.float().transpose(1, 2).repeat_interleave(H // Hkv, 1)
+        values = vsE.float().transpose(1, 2).repeat_interleave(H // Hkv, 1)
+    scores = (qs.float() @ keys.transpose(-1, -2)) * D**-0.5  # [B, H, T, G + W + T]
+
+    i = torch.arange(T, device=dev)[:, None]
+    e = torch.arange(W + T, device=dev)[None]
+    mask = ((e > i) & (e <= W + i))[None, None] & validE[:, None, None, :]  # the window: [B, 1, T, W + T]
+    absorbed = counts[:, 1:] + validE[:, :T].float().cumsum(1)  # [B, T]: real tokens out of the window at query i
+    if G:
+        # Candidates for the cache: its old entries (absorbed earlier) and E[:T] (absorbed at query e).
+        cand_score = torch.cat([score_c[..., 0].transpose(1, 2), error.transpose(1, 2)], -1)  # [B, H, G + T]
+        cand_valid = torch.cat([valid_c[..., 0].transpose(1, 2).bool(), validE[:, None, :T].expand(B, H, T)], -1)
+        at = torch.cat([torch.full((G,), -1, device=dev), torch.arange(T, device=dev)])
+        order = torch.arange(G + T, device=dev)
+        beats = (cand_score[..., :, None] > cand_score[..., None, :]) | (
+            (cand_score[..., :, None] == cand_score[..., None, :]) & (order[:, None] < order[None, :]))
+        taken = (at[None, :] <= i).float()  # [T, G + T]: absorbed by query i
+        rank = torch.einsum("il,bhlc->bhic", taken, (beats & cand_valid[..., :, None]).float())
+        cached = (rank < G) & (at[None, :] <= i)[None, None] & cand_valid[:, :, None, :]  # [B, H, T, G + T]
+        later = cached.new_zeros(B, H, T, W)  # E[T:] are never absorbed by these queries
+        mask = torch.cat([cached[..., :G], mask | torch.cat([cached[..., G:], later], -1)], -1)
+    outside = absorbed - absorbed.clamp(max=G)  # real tokens only the state holds
+    null = mem.null_logit.float()[None, :, None] + outside.clamp(min=0)[:, None, :].log()  # [B, H, T]
+    scores = scores.masked_fill(~mask, float("-inf"))
+    total = torch.logaddexp(scores.logsumexp(-1), null)
+    total = torch.where(total.isfinite(), total, torch.zeros_like(total))  # a padded query with nothing to see
+    p_null = (null - total).exp().transpose(1, 2)[..., None]  # [B, T, H, 1]
+    soft = ((scores - total[..., None]).exp() @ values).transpose(1, 2)
+    if parts:
+        return p_null, soft
+    heads = p_null * lin + soft
+
+    if cache is not None:
+        cache.update_recurrent_state(new_state, idx)
+        if W:
+            cache.update_recurrent_state(E[:, T:], idx, WINDOW)
+        if G:
+            last = cached[:, :, -1]  # [B, H, G + T]: the cache after the last query
+            pick = (order + (~last).long() * (G + T)).argsort(-1)[..., :G]  # cached ones first, in order
+            gather = lambda t: t.gather(2, pick[..., None].expand(-1, -1, -1, t.shape[-1]))  # noqa: E731
+            entries = torch.cat([gather(keys[:, :, : G + T]), gather(values[:, :, : G + T]),
+                                 cand_score.gather(2, pick)[..., None], last.gather(2, pick)[..., None].float()], -1)
+            cache.update_recurrent_state(entries.transpose(1, 2), idx, SPARSE)
+        seen = counts[:, :1] + valid.float().sum(1, keepdim=True)
+        cache.update_recurrent_state(torch.cat([seen, absorbed[:, -1:]], 1), idx, COUNTS)
+    return heads.to(x.dtype)
+
+
+@torch.no_grad()
+def fit_null_logit(mixer, x):
+    """Sets b_h to the teacher's own mean log-mean-exp score of the tokens outside the window (over the queries of
+    x [B, T, hidden] that have any): the null key then carries, on average, the attention mass the teacher gives them.
+    The sparse cache is left out of the count (a fit for its tokens too would depend on the selection)."""
+    B, T, _ = x.shape
+    H, Hkv, D, W = mixer.num_heads, mixer.num_kv_heads, mixer.head_dim, mixer.memory.window
+    positions = torch.arange(T, device=x.device)[None].expand(B, -1)
+    inv_freq = rope_inv_freq(D, mixer.memory.rope_theta)
+    q = rope(mixer.q_proj(x).view(B, T, H, D).transpose(1, 2), positions, inv_freq).float()
+    k = rope(mixer.k_proj(x).view(B, T, Hkv, D).transpose(1, 2), positions, inv_freq).float()
+    scores = (q @ k.repeat_interleave(H // Hkv, 1).transpose(-1, -2)) * D**-0.5  # [B, H, T, T]
+    outside = torch.ones(T, T, dtype=torch.bool, device=x.device).tril(-W)
+    count = outside.sum(-1)  # [T]
+    rows = count > 0
+    if not rows.any():
+        return
+    mean = scores.masked_fill(~outside, float("-inf"))[:, :, rows].logsumexp(-1) - count[rows].log()
+    mixer.memory.null_logit.copy_(mean.mean((0, 2)))
