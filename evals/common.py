@@ -149,3 +149,17 @@ def load_for_eval(spec: str, device: str, dtype: str, teacher: bool = False, tru
     model, tokenizer = load(spec, trust_remote_code=True) if trust_remote_code else load(spec)
     model = model.to(device) if dtype == "auto" else model.to(device=device, dtype=getattr(torch, dtype))
     return model.eval(), tokenizer
+
+
+def run_on_models(args: ModelArguments, evaluate) -> list:
+    """[evaluate(spec, output folder, model, tokenizer)] for --model, then for --teacher (its results in
+    <out>/teacher): what an eval's command runs, one model in memory at a time."""
+    runs = [(args.model, False, Path(args.out))]
+    if args.teacher:
+        runs.append((args.teacher, True, Path(args.out) / "teacher"))
+    results = []
+    for spec, is_teacher, out in runs:
+        model, tokenizer = load_for_eval(spec, args.device, args.dtype, is_teacher, args.trust_remote_code)
+        results.append(evaluate(spec, out, model, tokenizer))
+        del model
+    return results

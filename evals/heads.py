@@ -28,7 +28,8 @@ from tqdm.auto import tqdm
 
 from linzoo.capture import mixer_io
 
-from .common import EvalSpec, ModelArguments, load_for_eval, measured, model_device, name_of, parse_list, render, write_json
+from .common import (EvalSpec, ModelArguments, measured, model_device, run_on_models, name_of, parse_list, render,
+                     write_json)
 from .niah import build_haystack, sample_seed
 
 SCHEMA = "linzoo.heads/v1"
@@ -253,18 +254,14 @@ def main(argv: list[str] | None = None) -> dict:
     from transformers import HfArgumentParser
 
     (args,) = HfArgumentParser(HeadsArguments).parse_args_into_dataclasses(args=argv)
-    runs = [(args.model, False, Path(args.out))]
-    if args.teacher:
-        runs.append((args.teacher, True, Path(args.out) / "teacher"))
-    all_results = []
-    for spec, is_teacher, out in runs:  # one model in memory at a time
-        model, tokenizer = load_for_eval(spec, args.device, args.dtype, is_teacher, args.trust_remote_code)
+    def evaluate(spec, out, model, tokenizer):
         results = score_heads(model, tokenizer, args.lengths, args.samples, ablation=args.ablation, seed=args.seed,
                               model_name=spec)
-        del model
-        all_results.append(results)
         print(f"{spec}: top retrieval heads {describe_top(results)}; key log-prob {results['key_logprob']:.2f} "
               f"(chance {CHANCE_LOGPROB:.2f}) -> {save_heads(results, out)[0]}")
+        return results
+
+    all_results = run_on_models(args, evaluate)
     return all_results[0]
 
 

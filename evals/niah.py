@@ -32,9 +32,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .common import (EVAL_DIR, NOT_MEASURED, EvalSpec, ModelArguments, check_out_dir, load_for_eval, load_texts,
-                     measured,
-                     model_device, name_of, parse_list, render)
+from .common import (EVAL_DIR, NOT_MEASURED, EvalSpec, ModelArguments, check_out_dir, load_texts,
+                     measured, model_device, run_on_models, name_of, parse_list, render)
 
 SCHEMA = "linzoo.niah/v1"
 # The classic test's words as landmark-attention and LongLoRA write them ("memorize them" included).
@@ -484,19 +483,15 @@ def main(argv: list[str] | None = None) -> dict:
     from transformers import HfArgumentParser
 
     (args,) = HfArgumentParser(NiahArguments).parse_args_into_dataclasses(args=argv)
-    runs = [(args.model, False, Path(args.out))]
-    if args.teacher:
-        runs.append((args.teacher, True, Path(args.out) / "teacher"))
-    all_results = []
-    for spec, is_teacher, out in runs:  # one model in memory at a time
-        model, tokenizer = load_for_eval(spec, args.device, args.dtype, is_teacher, args.trust_remote_code)
-        all_results.append(run_niah(model, tokenizer, args.lengths, args.depths, args.variant, args.samples_per_cell,
-                                    args.batch_size, args.filler, args.seed, args.max_new_tokens, model_name=spec))
-        del model
-        r = all_results[-1]
+    def evaluate(spec, out, model, tokenizer):
+        r = run_niah(model, tokenizer, args.lengths, args.depths, args.variant, args.samples_per_cell,
+                     args.batch_size, args.filler, args.seed, args.max_new_tokens, model_name=spec)
         by_length = ", ".join(f"{l}: {p:.2f}±{r['mean_by_length_se'][l]:.2f}" for l, p in r["mean_by_length"].items())
         print(f"{spec}: NIAH {args.variant} {by_length}; overall {r['overall']:.3f}±{r['overall_se']:.3f} "
               f"-> {save_niah(r, out)[0]}")
+        return r
+
+    all_results = run_on_models(args, evaluate)
     return all_results[0]
 
 

@@ -35,22 +35,26 @@ def test_every_mixer_declares_its_facts(name):
     assert set(cls.fast_kernels.paths) == {"chunk", "recurrent"}
 
 
+def product_files():
+    """(path, text) of every text file in the product's folders."""
+    for folder in PACKAGE_DIRS:
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.is_file() and path.suffix not in (".pyc", ".png", ".jsonl") and "__pycache__" not in path.parts:
+                yield path, path.read_text(errors="ignore")
+
+
 def test_no_mixer_is_named_outside_its_file_and_the_registry():
     """Names (and the hyphenated forms used in repo names) in the product's folders: only mixer_<name>.py and
     mixers.py may spell them; everything else asks the registry. (A kernel package's module path, such as
     fla's `fla.ops.gla`, is that package's name, not ours.)"""
     found = []
-    for folder in PACKAGE_DIRS:
-        for path in sorted((ROOT / folder).rglob("*")):
-            if not path.is_file() or path.suffix in (".pyc", ".png", ".jsonl") or "__pycache__" in path.parts:
+    for path, text in product_files():
+        for name in linzoo.MIXERS:
+            if path.name in (f"mixer_{name}.py", "mixers.py"):
                 continue
-            text = path.read_text(errors="ignore")
-            for name in linzoo.MIXERS:
-                if path.name in (f"mixer_{name}.py", "mixers.py"):
-                    continue
-                for variant in {name, name.replace("_", "-")}:
-                    for m in re.finditer(rf"(?<![\w.]){re.escape(variant)}\b", text):
-                        found.append(f"{path.relative_to(ROOT)}:{text[:m.start()].count(chr(10)) + 1}: {variant}")
+            for variant in {name, name.replace("_", "-")}:
+                for m in re.finditer(rf"(?<![\w.]){re.escape(variant)}\b", text):
+                    found.append(f"{path.relative_to(ROOT)}:{text[:m.start()].count(chr(10)) + 1}: {variant}")
     assert not found, "\n".join(found)
 
 
@@ -200,17 +204,13 @@ def test_no_eval_is_named_outside_its_file_and_the_registry():
     from linzoo.evals.registry import all_evals
 
     found = []
-    for folder in PACKAGE_DIRS:
-        for path in sorted((ROOT / folder).rglob("*")):
-            if not path.is_file() or path.suffix in (".pyc", ".png", ".jsonl") or "__pycache__" in path.parts:
+    for path, text in product_files():
+        for spec in all_evals():
+            if path.parent.name == "evals" and path.name in (f"{spec.name}.py", "registry.py"):
                 continue
-            text = path.read_text(errors="ignore")
-            for spec in all_evals():
-                if path.parent.name == "evals" and path.name in (f"{spec.name}.py", "registry.py"):
-                    continue
-                for word in (spec.schema, *spec.files):
-                    for m in re.finditer(rf"(?<![\w.]){re.escape(word)}(?![\w])", text):
-                        found.append(f"{path.relative_to(ROOT)}:{text[:m.start()].count(chr(10)) + 1}: {word}")
+            for word in (spec.schema, *spec.files):
+                for m in re.finditer(rf"(?<![\w.]){re.escape(word)}(?![\w])", text):
+                    found.append(f"{path.relative_to(ROOT)}:{text[:m.start()].count(chr(10)) + 1}: {word}")
     assert not found, "\n".join(found)
 
 
