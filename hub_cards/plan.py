@@ -105,10 +105,15 @@ class RepoPlan:
 
 def upload_files(folder: Path) -> tuple[list[tuple[str, Path]], list[str]]:
     """(files to upload, what is left out): top-level files and the eval/ folder; no hidden files, no README.md
-    (the card is generated), no other subfolders (stage checkpoints, optimizer states)."""
+    (the card is generated), no run arguments, no other subfolders (stage checkpoints, optimizer states)."""
+    from linzoo.trainers.common import RUN_FILE
+
     files, skipped = [], []
     for path in sorted(folder.iterdir()):
         if path.name.startswith(".") or path.name == "README.md":
+            continue
+        if path.name == RUN_FILE:  # the command line of a local run (this machine's paths); the card has the recipe
+            skipped.append(path.name)
             continue
         if path.is_dir():
             if path.name in UPLOAD_SUBFOLDERS:

@@ -219,8 +219,11 @@ def test_load_check_catches_broken_remote_code(tiny_student_dir, tmp_path):
 def test_pickles_are_refused_and_checkpoints_stay_home(student, fast_load_check, capsys):
     (student / "stage1-attention-transfer").mkdir()
     (student / "stage1-attention-transfer" / "optimizer.pt").write_bytes(b"\x80\x04")
+    (student / "linzoo_run.json").write_text('{"teacher": "/home/me/teacher"}')  # a local run's arguments
     assert push.main([str(student), "--repo-id", REPO, "--dry-run"]) == 0
-    assert "not uploaded: stage1-attention-transfer/" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "not uploaded: linzoo_run.json, stage1-attention-transfer/" in out
+    assert "linzoo_run.json" not in [path for path, _ in plan.upload_files(student)[0]]
 
     (student / "pytorch_model.bin").write_bytes(b"\x80\x04K\x01.")
     with pytest.raises(plan.ReleaseError, match="a check failed; nothing was uploaded"):
