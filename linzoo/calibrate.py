@@ -159,7 +159,7 @@ def fit_to_teacher(student, teacher, input_ids, verbose=False):
             # teacher's scores; the linear part (weighted by its share p_null) is fitted to what the softmax leaves.
             fit_null_logit(mixer, x_knob)
             shares, soft = (t.reshape(-1, H, t.shape[-1]).float() for t in memory_forward(
-                mixer, x, torch.ones(x.shape[:2], dtype=torch.bool, device=x.device), parts=True))
+                mixer, x, torch.ones(x.shape[:2], dtype=torch.bool, device=x.device), parts=True)[:2])
         if soft is not None:
             a = a - soft[: len(a)]
         knobs = {name: torch.full((H,), DEFAULTS[name]) for name in mixer.start_knobs}

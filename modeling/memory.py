@@ -93,15 +93,22 @@ def _state(cache, layer_idx, idx):
     return cache.layers[layer_idx].recurrent_states[idx]
 
 
-def memory_forward(mixer, x, valid, cache=None, parts=False):
+def memory_forward(mixer, x, valid, cache=None, parts=False, replace_values=None):
     """The head outputs [B, T, H, D] (before o_proj) of `mixer` with its window / sparse cache; x [B, T, hidden]
     (padding already zeroed), valid [B, T] bool (False: padding). Reads and updates `cache` when given. With `parts`:
-    (p_null [B, T, H, 1], the softmax part [B, T, H, D]), the two pieces beside the normed linear part."""
+    (p_null [B, T, H, 1], the softmax part [B, T, H, D], the linear part before the output norm [B, T, H, D]).
+    `replace_values` [B, T, F] replace every head's values, the linear and the softmax part's alike (no sparse cache):
+    with unit vectors the parts read off each token's weight (`LinearMixer.token_weights`)."""
     mem, idx = mixer.memory, mixer.layer_idx
     B, T, _ = x.shape
     H, Hkv, D, W, G = mixer.num_heads, mixer.num_kv_heads, mixer.head_dim, mem.window, mem.sparse
     dev = x.device
-    q, k, v = mixer.features(*mixer.project(x, cache))
+    q, k, v = mixer.project(x, cache)
+    if replace_values is not None:
+        if G:
+            raise NotImplementedError("memory_forward(replace_values=) with a sparse cache: its choice depends on the values")
+        v = replace_values[:, :, None].expand(B, T, H, replace_values.shape[-1]).float()
+    q, k, v = mixer.features(q, k, v)
     g, beta = mixer.gates(x)
     counts = _state(cache, idx, COUNTS)
     counts = x.new_zeros(B, 2, dtype=torch.float32) if counts is None else counts  # real tokens seen, absorbed
@@ -109,7 +116,8 @@ def memory_forward(mixer, x, valid, cache=None, parts=False):
     inv_freq = rope_inv_freq(D, mem.rope_theta)
     qs = rope(mixer.q_proj(x).view(B, T, H, D).transpose(1, 2), positions, inv_freq)
     ks = rope(mixer.k_proj(x).view(B, T, Hkv, D).transpose(1, 2), positions, inv_freq).transpose(1, 2)
-    vs = mixer.v_proj(x).view(B, T, Hkv, D)
+    vs = mixer.v_proj(x).view(B, T, Hkv, D) if replace_values is None else (
+        replace_values[:, :, None].expand(B, T, Hkv, -1))
 
     # E: the window's last W tokens (zeros, not valid, before any) then the new ones; E[:T] leave the window now.
     new, layout = _pack([t for t in (k, v, g, beta, ks, vs, valid[..., None]) if t is not None])
@@ -125,7 +133,7 @@ def memory_forward(mixer, x, valid, cache=None, parts=False):
     state = _state(cache, idx, 0)
     o, new_state = linear_core(mixer.config, mixer, q, *leaving, initial_state=state,
                                output_final_state=cache is not None)
-    lin = mixer.o_norm(mixer.readout(o)).float()
+    raw = mixer.readout(o)
 
     # Candidates: the sparse cache's G entries (per head), then E. Column c of the scores is candidate c.
     sparse_old = _state(cache, idx, SPARSE)
@@ -167,8 +175,8 @@ def memory_forward(mixer, x, valid, cache=None, parts=False):
     p_null = (null - total).exp().transpose(1, 2)[..., None]  # [B, T, H, 1]
     soft = ((scores - total[..., None]).exp() @ values).transpose(1, 2)
     if parts:
-        return p_null, soft
-    heads = p_null * lin + soft
+        return p_null, soft, raw
+    heads = p_null * mixer.o_norm(raw).float() + soft
 
     if cache is not None:
         cache.update_recurrent_state(new_state, idx)

@@ -241,18 +241,25 @@ class LinearMixer(nn.Module):
         """[B, H, T, T]: the weight of token j's value in head output t, before the output norm — this mixer's
         counterpart of softmax attention weights. Every mixer's output is linear in the values, so running the
         recurrence (pure torch) with token j's value set to the j-th unit vector reads the weights off exactly.
-        With a window or sparse cache (`memory.py`) the linear part passes through the output norm before the softmax
-        part joins it: no such weights exist, and this raises."""
-        if self.memory is not None:
-            raise NotImplementedError(
-                "token_weights is not defined with window_size or sparse_cache_size > 0: the linear part goes through "
-                "the output norm before the softmax part joins it. Score heads on the student without them "
-                "(window_size=0, sparse_cache_size=0).")
+        With a sliding window (`memory.py`) a head is p_null * o_norm(linear part) + softmax part: the linear part's
+        weights count at p_null times the output norm's gain at that token (||o_norm(y)|| / ||y||, y the real linear
+        part), beside the window's softmax weights. With a sparse cache (whose choice depends on the values) this
+        raises."""
         x = hidden_states
         B, T, _ = x.shape
+        units = torch.eye(T, device=x.device, dtype=torch.float32).expand(B, T, T)
+        if self.memory is not None:
+            if self.memory.sparse:
+                raise NotImplementedError(
+                    "token_weights is not defined with sparse_cache_size > 0 (which pairs the cache keeps depends on "
+                    "the values): score heads on the student without it (load it with sparse_cache_size=0).")
+            valid = torch.ones(B, T, dtype=torch.bool, device=x.device)
+            _, _, raw = memory_forward(self, x, valid, parts=True)
+            gain = self.o_norm(raw).float().norm(dim=-1, keepdim=True) / raw.float().norm(dim=-1, keepdim=True).clamp_min(1e-12)
+            p_null, soft, linear = memory_forward(self, x, valid, parts=True, replace_values=units)
+            return (p_null * gain * linear.float() + soft).transpose(1, 2)
         q, k, _ = self.project(x)
-        units = torch.eye(T, device=x.device, dtype=torch.float32).expand(B, self.num_heads, T, T).transpose(1, 2)
-        q, k, units = self.features(q.float(), k.float(), units)
+        q, k, units = self.features(q.float(), k.float(), units[:, :, None].expand(B, T, self.num_heads, T))
         g, beta = self.gates(x)
         o, _ = torch_core(self.config, q, k, units, g, beta, delta=self.delta, scale=self.scale, initial_state=None,
                           output_final_state=False, qk_l2norm=self.qk_l2norm)

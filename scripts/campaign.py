@@ -181,10 +181,10 @@ def check(c, dev, dry, teacher, extra=()):
             continue
         embedded |= cfg.dataset == "embedded" or (cfg.chat_fraction > 0 and cfg.chat_dataset == "embedded")
         if cfg.dataset in ("long", "embedded-long"):
-            from linzoo.data import _bundle_dir
+            from linzoo.corpus.long import bundle_dir
 
             try:
-                _bundle_dir(dev / "corpus")
+                bundle_dir(dev / "corpus")
             except FileNotFoundError as err:
                 errors.append(f"run {run[0]} trains on the long corpus: {err}")
     from transformers import HfArgumentParser

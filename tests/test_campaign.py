@@ -33,7 +33,8 @@ def fake_dev(root, text, drop=()):
     (dev / "eval").mkdir()
     for task, docs in DOCS.items():
         (dev / "eval" / f"{task}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs[:3]))
-    from linzoo.data import BUNDLE_SCHEMA, LONG_VERSION
+    from linzoo.corpus.bundle import BUNDLE_SCHEMA
+    from linzoo.corpus.long import LONG_VERSION
 
     corpus = dev / "corpus" / f"long-v{LONG_VERSION}"
     corpus.mkdir(parents=True)
@@ -82,8 +83,8 @@ def test_dry_campaign_end_to_end(tiny_teacher_dir, tiny_corpus, tmp_path):
     text = tiny_corpus / "text.txt"
     dev = fake_dev(tmp_path, text)
     plan = tiny_campaign(tmp_path / "tiny.runs", text, train_seconds=30)
-    # more tokens than 30 s of training take: each stage stops at its share of the deadline, saves, and is evaluated
-    proc = dry_run(tmp_path, tiny_teacher_dir, dev, plan, TRAIN_TOKENS="40000")
+    # far more tokens than 30 s of training take (within 20 epochs of the tiny text): each stage stops at its share of the deadline, saves, and is evaluated
+    proc = dry_run(tmp_path, tiny_teacher_dir, dev, plan, TRAIN_TOKENS="150000")  # ~70 s of work at 2k tokens/s
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     assert "campaign check: ok: runs hybrid_long; evals niah, quality" in out

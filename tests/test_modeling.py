@@ -559,10 +559,34 @@ def test_memory_cache_is_bounded():
     assert sizes[0] == sizes[1] and sizes[0][1][1] == 4 and sizes[0][2][1] == 3
 
 
-def test_memory_token_weights_raise_clearly():
-    attn = tiny_model("gla", window_size=4).model.layers[0].self_attn
-    with pytest.raises(NotImplementedError, match="window_size"):
-        attn.token_weights(torch.randn(1, 5, 32))
+@pytest.mark.parametrize("mixer", ["gla", "gated_deltanet"])
+def test_memory_token_weights(mixer):
+    """A window layer's token weights (the heads eval's view of it): with a unit output-norm gain they give the head
+    outputs exactly from the values (gla: no short conv, so the linear and softmax parts share them); with the window
+    covering the whole context they are the teacher's softmax; a sparse cache refuses in one sentence."""
+    from linzoo.modeling.memory import memory_forward
+
+    torch.manual_seed(1)
+    x = torch.randn(2, 11, 32)
+    attn = tiny_model(mixer, window_size=4).model.layers[0].self_attn
+    w = attn.token_weights(x)  # [B, H, T, T]
+    assert w.shape == (2, attn.num_heads, 11, 11) and torch.all(w.triu(1) == 0)
+    if mixer == "gla":
+        with torch.no_grad():
+            attn.o_norm.weight.fill_(1.0)
+            heads = memory_forward(attn, x, torch.ones(2, 11, dtype=torch.bool))
+            raw = memory_forward(attn, x, torch.ones(2, 11, dtype=torch.bool), parts=True)[2]
+        w = attn.token_weights(x)
+        v = attn.v_proj(x).view(2, 11, attn.num_kv_heads, -1).repeat_interleave(attn.num_heads // attn.num_kv_heads, 2)
+        gain = 1 / raw.float().pow(2).mean(-1, keepdim=True).add(attn.o_norm.eps).sqrt()  # RMSNorm's own factor
+        assert torch.allclose(gain * raw.float().norm(dim=-1, keepdim=True),
+                              attn.o_norm(raw).float().norm(dim=-1, keepdim=True), rtol=1e-4)
+        torch.testing.assert_close(torch.einsum("bhts,bshd->bthd", w, v.float()), heads.float(), atol=2e-5, rtol=2e-4)
+    whole = tiny_model(mixer, window_size=16).model.layers[0].self_attn  # window >= T: p_null = 0
+    w = whole.token_weights(x)
+    torch.testing.assert_close(w.sum(-1), torch.ones(2, whole.num_heads, 11))
+    with pytest.raises(NotImplementedError, match="sparse_cache_size"):
+        tiny_model(mixer, window_size=4, sparse_cache_size=2).model.layers[0].self_attn.token_weights(x)
 
 
 def test_sparse_cache_set_at_load(tmp_path):

@@ -560,35 +560,48 @@ def _killed_at(folder, kind, count, seed, log):
     return events
 
 
+RUN_TIMEOUT = 300  # seconds for one run of the fault test (each takes a few)
+
+
+def _killed_run(out, kind, count, log, teacher, corpus):
+    """One run of the fault test, in its own process: killed at event `count` of `kind` (none: left to finish),
+    its events written to `log` when it finishes."""
+    from linzoo.trainers import linearize
+
+    events = _killed_at(out, kind, count, count, log)
+    linearize.main(_linearize_argv(teacher, corpus, out, tokens=384, extra=(
+        "--save_steps", "1", "--logging_steps", "1", "--calibration_tokens", "64", "--disable_tqdm", "true")))
+    log.write_text(json.dumps(events))
+
+
 def test_kills_anywhere_then_rerun_end_as_an_unkilled_run(tiny_teacher_dir, tiny_corpus, tmp_path, monkeypatch):
     """20+ SIGKILLs at seeded points of a tiny 3-stage run that checkpoints every step (most points fall in a save:
     weights, optimizer, scheduler, RNG, trainer state, a stage's marker, the final model); after each kill the run is
     started again (killed again at a new point, or left to finish). Every finished run has the unkilled run's weights
     (bit for bit) and stage losses. Before, a kill during a checkpoint's save stranded the run: every rerun took the
-    half-written checkpoint and failed. Each run is a forked process: a kill leaves no state behind but the files."""
+    half-written checkpoint and failed. Each run is its own process: a kill leaves no state behind but the files."""
     import multiprocessing
     import random
 
     from safetensors.torch import load_file
 
-    from linzoo.trainers import linearize
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")  # each run a fork: no thread pool to inherit, no warning
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # the forkserver imports this module for _killed_run
 
-    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")  # forked: no thread pool to inherit, no warning about it
+    context = multiprocessing.get_context("forkserver")  # a clean single-threaded parent for every run: a plain
+    context.set_forkserver_preload(["torch", "transformers", "trl"])  # fork from pytest (threads of earlier tests
+    # holding locks) once hung a child for good in a futex; the preload keeps each start cheap
 
     def run(out, kind=None, count=0):
         """(exit code, the run's events; the last one where it was killed)."""
         log = tmp_path / "events.json"
         log.unlink(missing_ok=True)
-
-        def child():
-            events = _killed_at(out, kind, count, count, log)
-            linearize.main(_linearize_argv(tiny_teacher_dir, tiny_corpus, out, tokens=384, extra=(
-                "--save_steps", "1", "--logging_steps", "1", "--calibration_tokens", "64", "--disable_tqdm", "true")))
-            log.write_text(json.dumps(events))
-
-        process = multiprocessing.get_context("fork").Process(target=child)
+        process = context.Process(target=_killed_run, args=(out, kind, count, log, tiny_teacher_dir, tiny_corpus))
         process.start()
-        process.join()
+        process.join(RUN_TIMEOUT)
+        if process.is_alive():
+            process.kill()
+            pytest.fail(f"a run of the fault test did not end in {RUN_TIMEOUT} s (killed at {kind} {count})")
         return process.exitcode, json.loads(log.read_text()) if log.is_file() else None  # None: it failed
 
     def result(out):

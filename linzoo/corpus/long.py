@@ -178,7 +178,8 @@ def export_long_corpus(out_dir: str | Path, max_part_bytes: int = BUNDLE_PART_BY
     return manifest
 
 
-def _bundle_dir(folder: Path) -> Path:
+def bundle_dir(folder: Path) -> Path:
+    """The folder holding the long corpus's bundle manifest: `folder`/long-v<LONG_VERSION> or `folder` itself."""
     for candidate in (folder / f"long-v{LONG_VERSION}", folder):
         if (candidate / "manifest.json").is_file():
             return candidate
@@ -189,7 +190,7 @@ def _bundle_dir(folder: Path) -> Path:
 
 
 def _import_bundles(folder: Path) -> tuple[datasets.DatasetDict, dict]:
-    where = _bundle_dir(folder)
+    where = bundle_dir(folder)
     manifest = json.loads((where / "manifest.json").read_text())
     if manifest.get("schema") != BUNDLE_SCHEMA or manifest.get("version") != LONG_VERSION:
         raise ValueError(f"{where}/manifest.json is {manifest.get('schema')} version {manifest.get('version')}; this "
