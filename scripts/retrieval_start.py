@@ -1,0 +1,64 @@
+"""Retrieval of the fitted start, no training: for each hybrid (softmax layers kept) x sliding window, the student
+`linzoo.linearize` builds from the embedded SmolLM2-135M-Instruct (Gated DeltaNet, fitted on the first 4,096 training
+tokens in 512-token rows, as `linzoo linearize` does), measured as `scripts/cpu_ablation.sh` measures a trained row:
+held-out perplexity and KL beside the teacher (2,048 tokens of the embedded test split, 1,024-token blocks), passkey
+NIAH at 256 and 512 tokens (depths 0, 0.5, 1 x SAMPLES prompts, default 10) and the teacher-forced log-probability of
+the key's tokens on the same prompts (chance -2.30). One JSON line per configuration on stdout.
+
+    python scripts/retrieval_start.py 'auto3_w64:17,18,23:64' 'pure::0' >> results/recipe/cpu/retrieval_start.jsonl
+
+Each argument is NAME:LAYERS:WINDOW (LAYERS comma-separated, empty for none; WINDOW 0 for none)."""
+
+import json
+import os
+import sys
+import time
+
+import torch
+
+import linzoo
+from linzoo.data import load_text_dataset
+from linzoo.evals.common import load_texts
+from linzoo.evals.heads import key_logprob, key_prompt
+from linzoo.evals.niah import run_niah, sample_seed
+from linzoo.evals.quality import heldout_metrics
+from linzoo.trainers.linearize import calibration_ids
+
+LENGTHS, DEPTHS = (256, 512), (0, 0.5, 1)
+
+
+def main(specs):
+    samples = int(os.environ.get("SAMPLES", 10))
+    configs = []
+    for spec in specs:
+        try:
+            name, layers, window = spec.split(":")
+            configs.append((name, [int(l) for l in layers.split(",") if l], int(window)))
+        except ValueError:
+            sys.exit(f"retrieval_start: {spec!r} is not NAME:LAYERS:WINDOW (e.g. auto3_w64:17,18,23:64 or pure::0)")
+    teacher, tok = linzoo.load_teacher("embedded")
+    teacher.eval()
+    calibration = calibration_ids(load_text_dataset("embedded", split="train"), tok, 4096, 512)
+    texts = load_texts("embedded", split="test")
+    prompts = [key_prompt(tok, length, depth, sample_seed(0, length, depth, i))
+               for length in LENGTHS for depth in DEPTHS for i in range(samples)]
+    for name, layers, window in configs:
+        start = time.time()
+        torch.manual_seed(0)
+        student = linzoo.linearize(teacher, "gated_deltanet", calibration=calibration, attn_layers=layers,
+                                   window_size=window).eval()
+        quality = heldout_metrics(student, tok, texts, 2048, teacher, batch_size=4)
+        niah = run_niah(student, tok, list(LENGTHS), list(DEPTHS), samples_per_cell=samples, batch_size=6)
+        logprob = sum(key_logprob(student, p)[0] for p in prompts) / len(prompts)
+        print(json.dumps({
+            "name": name, "attn_layers": layers, "window_size": window, "trained_tokens": 0,
+            "perplexity": round(quality["perplexity"], 2), "teacher_perplexity": round(quality["teacher_perplexity"], 2),
+            "ratio": round(quality["perplexity"] / quality["teacher_perplexity"], 3), "kl": round(quality["kl_to_teacher"], 3),
+            "niah_by_length": niah["mean_by_length"], "niah_se": niah["mean_by_length_se"], "niah_cells": niah["accuracy"],
+            "samples_per_cell": samples, "key_logprob": round(logprob, 3),
+            "examples": [e["generated"][:40] for e in niah["examples"]], "seconds": round(time.time() - start)}),
+            flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
