@@ -170,7 +170,7 @@ def build_card(folder, repo_id: str | None = None, base_model: str | None = None
         arch=config,
         attn_choice=info["training"].get("attn_layers_choice"),
         params=_params(folder),
-        state=format_bytes(size.recurrent + size.conv),
+        state=format_bytes(size.fixed),
         teacher_kv=format_bytes(size.teacher_kv),
         state_tokens=STATE_AT_TOKENS,
         **_training_rows(info),

@@ -157,10 +157,16 @@ class StateSize:
     conv: int  # linear layers' short-conv windows: (q + k + v channels) x conv_size in the model dtype
     attention_kv: int  # softmax layers (a hybrid student's, or a teacher's): 2 x kv_heads x head_dim x tokens
     teacher_kv: int  # the teacher's KV cache at this context: 2 x layers x kv_heads x head_dim x tokens x bytes
+    memory: int = 0  # linear layers' sliding window and sparse cache (`memory.py`), fp32, whatever the context length
+
+    @property
+    def fixed(self) -> int:
+        """What a linear layer keeps whatever the context length: state, conv window, sliding window, sparse cache."""
+        return self.recurrent + self.conv + self.memory
 
     @property
     def total(self) -> int:
-        return self.recurrent + self.conv + self.attention_kv
+        return self.fixed + self.attention_kv
 
 
 def _field(config, name, default=None):
@@ -183,4 +189,5 @@ def state_sizes(config, tokens: int, dtype_bytes: int = 4) -> StateSize:
     shapes = MIXER_CLASSES[config.mixer].state_shapes(config)
     recurrent = linear_layers * math.prod(shapes["recurrent"]) * 4  # linear_ops keeps states in fp32
     conv = linear_layers * math.prod(shapes["conv"]) * dtype_bytes if "conv" in shapes else 0
-    return StateSize(recurrent, conv, softmax_layers * kv_per_layer, layers * kv_per_layer)
+    memory = linear_layers * sum(math.prod(shapes[k]) for k in ("window", "sparse", "counts") if k in shapes) * 4
+    return StateSize(recurrent, conv, softmax_layers * kv_per_layer, layers * kv_per_layer, memory)

@@ -75,6 +75,24 @@ class Memory(nn.Module):
         init.zeros_(self.null_logit)  # an outside token scores like q.k = 0
 
 
+def memory_state_shapes(mixer_class, config) -> dict:
+    """Per-layer cache tensors of the window / sparse cache (without batch, fp32), beside `state_shapes`'s: the window
+    [W, F] (each token's packed linear inputs k, v, g, beta and softmax keys/values, and its valid flag), the sparse
+    cache [G, H, 2 D + 2] and the token counts [2]. F comes from one token through the mixer on the meta device."""
+    W, G, H, Hkv, D = (config.window_size, config.sparse_cache_size, config.num_attention_heads,
+                       config.num_key_value_heads, config.head_dim)
+    with torch.device("meta"):
+        mixer = mixer_class(config, 0)
+        x = torch.zeros(1, 1, config.hidden_size)
+        g, beta = mixer.gates(x)
+        _, k, v = mixer.features(*mixer.project(x))
+    F = sum(math.prod(t.shape[2:]) for t in (k, v, g, beta) if t is not None) + 2 * Hkv * D + 1
+    shapes = {"window": (W, F)} if W else {}
+    if G:
+        shapes["sparse"] = (G, H, 2 * D + 2)
+    return {**shapes, "counts": (2,)}
+
+
 def _pack(parts):
     """[B, T, ...] tensors -> one fp32 [B, T, F] (the cache keeps one tensor per state) and the shapes to undo it."""
     B, T = parts[0].shape[:2]

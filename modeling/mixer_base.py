@@ -19,7 +19,7 @@ from torch import nn
 from transformers import initialization as init
 
 from .kernels import fused_rms_norm, fused_short_conv, linear_core, torch_core, use_fused_ops
-from .memory import Memory, memory_forward
+from .memory import Memory, memory_forward, memory_state_shapes
 
 # Below this many new tokens and without autograd, decode with the fused-recurrent kernels (as fla's layers do).
 RECURRENT_MAX_LEN = 64
@@ -180,12 +180,15 @@ class LinearMixer(nn.Module):
 
     @classmethod
     def state_shapes(cls, config):
-        """Per-layer cache tensors (without batch): the recurrent state [H, K, V] (fp32) and the conv window.
-        A whole model's bytes at a context length: `configuration_linzoo.state_sizes`."""
+        """Per-layer cache tensors (without batch): the recurrent state [H, K, V] (fp32), the conv window and, with a
+        window or sparse cache, theirs (`memory.memory_state_shapes`, fp32). A whole model's bytes at a context length:
+        `configuration_linzoo.state_sizes`."""
         H, Hkv, D = config.num_attention_heads, config.num_key_value_heads, config.head_dim
         shapes = {"recurrent": (H, D, D + cls.state_value_columns)}
         if config.use_short_conv:
             shapes["conv"] = ((H + 2 * Hkv) * D, config.conv_size)
+        if config.window_size or config.sparse_cache_size:
+            shapes.update(memory_state_shapes(cls, config))
         return shapes
 
     def set_start_knobs(self, half_life=None, strength=None):

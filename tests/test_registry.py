@@ -68,17 +68,28 @@ def test_state_shapes_match_a_real_cache():
 
     from linzoo.modeling import LinzooConfig, LinzooForCausalLM
 
+    from linzoo.modeling.configuration_linzoo import state_sizes
+    from linzoo.modeling.memory import COUNTS, SPARSE, WINDOW
+
     for name, cls in MIXER_CLASSES.items():
-        config = LinzooConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                              num_attention_heads=4, num_key_value_heads=2, kernel_backend="torch", mixer=name)
-        model = LinzooForCausalLM(config).eval()
-        with torch.no_grad():
-            out = model(torch.randint(0, 50, (1, 9)), use_cache=True)
-        layer = (out.cache if hasattr(out, "cache") else out.past_key_values).layers[0]
-        shapes = cls.state_shapes(config)
-        assert tuple(layer.recurrent_states[0].shape[1:]) == shapes["recurrent"], name
-        if config.use_short_conv:
-            assert tuple(layer.conv_states[0].shape[1:]) == shapes["conv"], name
+        for memory in ({}, {"window_size": 3}, {"window_size": 3, "sparse_cache_size": 2}):
+            config = LinzooConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                  num_attention_heads=4, num_key_value_heads=2, kernel_backend="torch", mixer=name,
+                                  **memory)
+            model = LinzooForCausalLM(config).eval()
+            with torch.no_grad():
+                out = model(torch.randint(0, 50, (1, 9)), use_cache=True)
+            layer = (out.cache if hasattr(out, "cache") else out.past_key_values).layers[0]
+            shapes = cls.state_shapes(config)
+            held = {"recurrent": layer.recurrent_states[0]}
+            if config.use_short_conv:
+                held["conv"] = layer.conv_states[0]
+            for key, index in (("window", WINDOW), ("sparse", SPARSE), ("counts", COUNTS)):
+                if key in shapes or layer.recurrent_states.get(index) is not None:
+                    held[key] = layer.recurrent_states[index]
+            assert {k: tuple(t.shape[1:]) for k, t in held.items()} == shapes, (name, memory)
+            size = state_sizes(config, 9)  # bytes: fp32 states, the conv window in the model dtype (fp32 here)
+            assert size.fixed == sum(t[0].numel() * t.element_size() for t in held.values()), (name, memory)
 
 
 # --- a partial or broken fla, in a fresh process (the stub must not leak into other tests) ----------------

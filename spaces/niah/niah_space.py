@@ -129,9 +129,9 @@ def filler_texts(spec: str) -> tuple[str, ...]:
 
 
 def describe_state(size: StateSize) -> str:
-    if size.recurrent == 0 and size.conv == 0:
+    if size.fixed == 0:
         return f"{format_bytes(size.attention_kv)} KV cache (grows with context)"
-    text = f"{format_bytes(size.recurrent + size.conv)} fixed"
+    text = f"{format_bytes(size.fixed)} fixed"
     return text + (f" + {format_bytes(size.attention_kv)} KV (softmax layers)" if size.attention_kv else "")
 
 

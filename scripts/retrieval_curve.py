@@ -1,0 +1,51 @@
+"""NIAH against training tokens for one recipe: rows of `scripts/retrieval_start.py` (0 tokens) and
+`scripts/cpu_ablation.sh` (trained), the teacher beside them, as a PNG.
+
+    python scripts/retrieval_curve.py results/recipe/cpu/retrieval.jsonl --names auto6_w64,s1_auto6_w64_5k,s1_auto6_w64 \\
+        --out results/recipe/cpu/retrieval_curve.png
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("rows", type=Path, help="a JSON-lines file of rows")
+    parser.add_argument("--names", required=True, help="comma-separated row names, in token order")
+    parser.add_argument("--out", type=Path, required=True, help="the PNG to write")
+    args = parser.parse_args(argv)
+    rows = {r["name"]: r for r in map(json.loads, args.rows.read_text().splitlines())}
+    names = args.names.split(",")
+    missing = [n for n in names if n not in rows]
+    if missing:
+        raise SystemExit(f"retrieval_curve: no row named {', '.join(missing)} in {args.rows}")
+    picked = [rows[n] for n in names]
+    tokens = [r.get("tokens", r.get("trained_tokens", 0)) for r in picked]
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for length, color in (("256", "tab:blue"), ("512", "tab:orange")):
+        acc = [r["niah_by_length"][length] for r in picked]
+        se = [r["niah_se"][length] for r in picked]
+        ax.errorbar(tokens, acc, yerr=se, marker="o", color=color, capsize=3, label=f"student, {length} tokens")
+        teacher = next((r["teacher_niah_by_length"][length] for r in picked if "teacher_niah_by_length" in r), None)
+        if teacher is not None:
+            ax.axhline(teacher, color=color, linestyle=":", label=f"teacher, {length} tokens")
+    ax.set_xlabel("training tokens (stage 1)")
+    ax.set_ylabel("passkey NIAH accuracy")
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_title("Retrieval against training tokens", fontsize=10)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(args.out, dpi=120)
+    print(f"saved {args.out}")
+
+
+if __name__ == "__main__":
+    main()
