@@ -83,7 +83,8 @@ def test_dry_campaign_end_to_end(tiny_teacher_dir, tiny_corpus, tmp_path):
     text = tiny_corpus / "text.txt"
     dev = fake_dev(tmp_path, text)
     plan = tiny_campaign(tmp_path / "tiny.runs", text, train_seconds=30)
-    # far more tokens than 30 s of training take (within 20 epochs of the tiny text): each stage stops at its share of the deadline, saves, and is evaluated
+    # far more tokens than 30 s of training take (within 20 epochs of the tiny text): the run stops at the
+    # deadline, saves, and is evaluated
     proc = dry_run(tmp_path, tiny_teacher_dir, dev, plan, TRAIN_TOKENS="150000")  # ~70 s of work at 2k tokens/s
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
@@ -105,7 +106,9 @@ def test_dry_campaign_end_to_end(tiny_teacher_dir, tiny_corpus, tmp_path):
     assert evals["hybrid_long"]["quality"]["kl_to_teacher"] is not None
     runs = json.loads((tmp_path / "out" / "training.json").read_text())["runs"]
     assert set(runs) == {"hybrid_long"} and all(r["finished"] for r in runs.values())
-    assert all(s.get("stopped_at_deadline") for r in runs.values() for s in r["stages"]), runs
+    stages = [s for r in runs.values() for s in r["stages"]]  # which stages the deadline cuts depends on the
+    assert any(s.get("stopped_at_deadline") for s in stages), runs  # machine: a fast one finishes stage 1's share
+    assert sum(s["tokens"] for s in stages) < 150000, runs
     assert "| yes |" in readme
     assert json.loads((tmp_path / "out" / "speed.json").read_text())["bench_speed"]["rows"]["gated_deltanet"]["stages"]
     # the same call again finds the campaign done and packs the same layout
