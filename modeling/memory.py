@@ -124,7 +124,8 @@ def memory_forward(mixer, x, valid, cache=None, parts=False, replace_values=None
     q, k, v = mixer.project(x, cache)
     if replace_values is not None:
         if G:
-            raise NotImplementedError("memory_forward(replace_values=) with a sparse cache: its choice depends on the values")
+            raise NotImplementedError(
+                "memory_forward(replace_values=) with a sparse cache: which pairs it keeps depends on the values")
         v = replace_values[:, :, None].expand(B, T, H, replace_values.shape[-1]).float()
     q, k, v = mixer.features(q, k, v)
     g, beta = mixer.gates(x)

@@ -258,7 +258,8 @@ class LinearMixer(nn.Module):
                     "the values): score heads on the student without it (load it with sparse_cache_size=0).")
             valid = torch.ones(B, T, dtype=torch.bool, device=x.device)
             _, _, raw = memory_forward(self, x, valid, parts=True)
-            gain = self.o_norm(raw).float().norm(dim=-1, keepdim=True) / raw.float().norm(dim=-1, keepdim=True).clamp_min(1e-12)
+            norm = raw.float().norm(dim=-1, keepdim=True).clamp_min(1e-12)
+            gain = self.o_norm(raw).float().norm(dim=-1, keepdim=True) / norm
             p_null, soft, linear = memory_forward(self, x, valid, parts=True, replace_values=units)
             return (p_null * gain * linear.float() + soft).transpose(1, 2)
         q, k, _ = self.project(x)

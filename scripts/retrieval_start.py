@@ -27,6 +27,18 @@ from linzoo.trainers.linearize import calibration_ids
 LENGTHS, DEPTHS = (256, 512), (0, 0.5, 1)
 
 
+def retrieval(lm, tokenizer, samples: int) -> dict:
+    """Passkey NIAH per length and depth (greedy, `samples` prompts per cell) and the mean teacher-forced key log-prob
+    over the same prompts: what every row of the CPU retrieval ablation reports (also `scripts/cpu_ablation.sh`)."""
+    niah = run_niah(lm, tokenizer, list(LENGTHS), list(DEPTHS), samples_per_cell=samples, batch_size=6)
+    prompts = [key_prompt(tokenizer, length, depth, sample_seed(0, length, depth, i))
+               for length in LENGTHS for depth in DEPTHS for i in range(samples)]
+    logprob = sum(key_logprob(lm, p)[0] for p in prompts) / len(prompts)
+    return {"niah_by_length": niah["mean_by_length"], "niah_se": niah["mean_by_length_se"],
+            "niah_cells": niah["accuracy"], "samples_per_cell": samples, "key_logprob": round(logprob, 3),
+            "examples": [e["generated"][:40] for e in niah["examples"]]}
+
+
 def main(specs):
     samples = int(os.environ.get("SAMPLES", 10))
     configs = []
@@ -40,23 +52,19 @@ def main(specs):
     teacher.eval()
     calibration = calibration_ids(load_text_dataset("embedded", split="train"), tok, 4096, 512)
     texts = load_texts("embedded", split="test")
-    prompts = [key_prompt(tok, length, depth, sample_seed(0, length, depth, i))
-               for length in LENGTHS for depth in DEPTHS for i in range(samples)]
     for name, layers, window in configs:
         start = time.time()
         torch.manual_seed(0)
         student = linzoo.linearize(teacher, "gated_deltanet", calibration=calibration, attn_layers=layers,
                                    window_size=window).eval()
         quality = heldout_metrics(student, tok, texts, 2048, teacher, batch_size=4)
-        niah = run_niah(student, tok, list(LENGTHS), list(DEPTHS), samples_per_cell=samples, batch_size=6)
-        logprob = sum(key_logprob(student, p)[0] for p in prompts) / len(prompts)
         print(json.dumps({
             "name": name, "attn_layers": layers, "window_size": window, "trained_tokens": 0,
-            "perplexity": round(quality["perplexity"], 2), "teacher_perplexity": round(quality["teacher_perplexity"], 2),
-            "ratio": round(quality["perplexity"] / quality["teacher_perplexity"], 3), "kl": round(quality["kl_to_teacher"], 3),
-            "niah_by_length": niah["mean_by_length"], "niah_se": niah["mean_by_length_se"], "niah_cells": niah["accuracy"],
-            "samples_per_cell": samples, "key_logprob": round(logprob, 3),
-            "examples": [e["generated"][:40] for e in niah["examples"]], "seconds": round(time.time() - start)}),
+            "perplexity": round(quality["perplexity"], 2),
+            "teacher_perplexity": round(quality["teacher_perplexity"], 2),
+            "ratio": round(quality["perplexity"] / quality["teacher_perplexity"], 3),
+            "kl": round(quality["kl_to_teacher"], 3),
+            **retrieval(student, tok, samples), "seconds": round(time.time() - start)}),
             flush=True)
 
 
