@@ -9,6 +9,12 @@ trivial) runs three ways on the same weights and inputs:
 We report the relative L2 error of outputs and of every gradient (inputs and parameters) against the
 reference, next to the bf16 floor (what bf16 alone explains), and for decoding: prefill with the fast
 chunk kernel, then token-by-token steps with the fused-recurrent kernel, against the full forward.
+
+`--window_size W` / `--sparse_cache_size G` run the same checks on students with exact softmax memory beside the
+linear state (`modeling/memory.py`: its softmax is torch on every device, the linear core fla's kernels), rows named
+`mixer+wW` / `mixer+wW+sG`. `--remote_code` adds a whole-model check of such a student saved with `save_pretrained`
+and loaded by `AutoModelForCausalLM.from_pretrained(..., trust_remote_code=True)` on the device: logits of the fast
+path vs the torch path, and greedy `generate()` with the cache vs without it on a passkey prompt.
 """
 
 import argparse
@@ -21,12 +27,12 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import DynamicCache
 
 import linzoo
 from bench_utils import cuda_ms, rel
 from linzoo.convert import fresh_parameters
 from linzoo.loading import load_teacher, resolve
+from linzoo.modeling.modeling_linzoo import LinzooCache
 
 
 def fwd_bwd(layer, x, cot, backend, dtype):
@@ -43,7 +49,7 @@ def fwd_bwd(layer, x, cot, backend, dtype):
 @torch.no_grad()
 def decode(layer, x, prefill):
     """Fast prefill then fast one-token steps, with the state in a transformers cache."""
-    cache = DynamicCache(config=layer.config)
+    cache = LinzooCache(config=layer.config)
     outs = [layer(x[:, :prefill], cache=cache)]
     for t in range(prefill, x.shape[1]):
         outs.append(layer(x[:, t : t + 1], cache=cache))
@@ -56,6 +62,54 @@ def timed_fwd_bwd_ms(layer, x, cot, iters=5):
     return cuda_ms(lambda: layer(x).backward(cot), iters, warmup=1)
 
 
+def remote_code_check(args, teacher, dev):
+    """A memory student (fitted start, softmax kept at `--remote_code_attn_layers`) through trust_remote_code."""
+    from transformers import AutoModelForCausalLM
+
+    from linzoo.evals.niah import build_haystack
+
+    options = {k: getattr(args, k) for k in ("window_size", "sparse_cache_size")}
+    attn = [int(i) for i in args.remote_code_attn_layers.split(",") if i]
+    calibration = None
+    if args.remote_code_fitted:  # the fitted start of `linzoo linearize` (the embedded text's first 4,096 tokens)
+        from linzoo.data import load_text_dataset
+        from linzoo.trainers.linearize import calibration_ids
+
+        calibration = calibration_ids(load_text_dataset("embedded", split="train"), load_teacher(args.teacher)[1],
+                                      4096, 512)
+    student = linzoo.linearize(teacher, args.mixers.split(",")[0], calibration=calibration, attn_layers=attn,
+                               **options)
+    folder = Path(tempfile.mkdtemp(prefix="remote-")) / "student"
+    student.float().cpu().save_pretrained(folder)
+    del student
+    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True,
+                                                 dtype=getattr(torch, args.remote_code_dtype)).to(dev).eval()
+    tokenizer = load_teacher(args.teacher)[1]
+    sample = build_haystack(tokenizer, None, args.remote_code_length, 0.5, "passkey", 0)
+    ids = tokenizer(sample.prompt, return_tensors="pt")["input_ids"].to(dev)
+    row = {"module": type(model).__module__, "attn_layers": attn, **options, "fitted": calibration is not None,
+           "dtype": args.remote_code_dtype, "prompt_tokens": ids.shape[1]}
+    with torch.no_grad():
+        model.config.kernel_backend = args.fast_backend
+        fast = model(ids).logits.float()
+        model.config.kernel_backend = "torch"
+        slow = model(ids).logits.float()
+        row["logits_fast_vs_torch_rel"] = rel(fast, slow)
+        model.config.kernel_backend = args.fast_backend
+        new = dict(max_new_tokens=args.decode_steps, do_sample=False, pad_token_id=tokenizer.pad_token_id,
+                   return_dict_in_generate=True, output_logits=True)
+        cached = model.generate(ids, use_cache=True, **new)
+        uncached = model.generate(ids, use_cache=False, **new)
+    a, b = cached.sequences[0, ids.shape[1]:], uncached.sequences[0, ids.shape[1]:]
+    same = int((a == b).cumprod(0).sum())  # tokens equal before the first difference (bf16 near-ties may flip one)
+    row |= {"generate_cached_equals_uncached": bool(torch.equal(a, b)), "generate_same_prefix_tokens": same,
+            "generate_logits_rel": rel(torch.stack(cached.logits[:same]).float(), torch.stack(uncached.logits[:same]).float())
+            if same else None,
+            "generated": tokenizer.decode(a), "generated_uncached": tokenizer.decode(b), "passkey": sample.answer}
+    print("remote_code", json.dumps(row), flush=True)
+    return row
+
+
 def run_parallel(args):
     """One process per mixer (Triton compiles in parallel; a crash in one mixer leaves the others), one JSON."""
     resolve(args.teacher)  # convert the embedded GGUF once, before the processes race for it
@@ -66,7 +120,8 @@ def run_parallel(args):
         cmd = [sys.executable, __file__, "--mixers", m, "--out", str(tmp / f"{m}.json"), "--teacher", args.teacher,
                "--layer", str(args.layer), "--batch", str(args.batch), "--seq_len", str(args.seq_len),
                "--decode_steps", str(args.decode_steps), "--device", args.device, "--fast_backend", args.fast_backend,
-               "--fast_fp32_mixers", args.fast_fp32_mixers]
+               "--fast_fp32_mixers", args.fast_fp32_mixers, "--window_size", str(args.window_size),
+               "--sparse_cache_size", str(args.sparse_cache_size)]
         log = open(tmp / f"{m}.log", "w")
         procs[m] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log)
     results = {"mixers": {}}
@@ -121,6 +176,16 @@ def main():
     ap.add_argument("--deadline", type=float, default=0, help="--parallel: seconds before unfinished mixers are killed")
     ap.add_argument("--fast_fp32_mixers", default="xlstm",
                     help="mixers whose kernels also run on fp32 inputs ('all', or a comma list; each costs a compile)")
+    ap.add_argument("--window_size", type=int, default=0, help="students with an exact softmax window of this many tokens")
+    ap.add_argument("--sparse_cache_size", type=int, default=0, help="... and a sparse cache of this many pairs")
+    ap.add_argument("--remote_code", action="store_true",
+                    help="also the whole-model trust_remote_code check (first of --mixers, with the memory options)")
+    ap.add_argument("--remote_code_attn_layers", default="6,17,18,20,21,23",
+                    help="softmax layers of that student (comma list; default: the main job's auto:6 on SmolLM2-135M)")
+    ap.add_argument("--remote_code_fitted", action="store_true", help="that student from the fitted start (needs the "
+                    "embedded text), so that its greedy answer can be the passkey")
+    ap.add_argument("--remote_code_dtype", default="bfloat16")
+    ap.add_argument("--remote_code_length", type=int, default=512, help="its passkey prompt's length in tokens")
     args = ap.parse_args()
     if args.parallel:
         results = run_parallel(args)
@@ -145,9 +210,13 @@ def main():
     cot = torch.randn_like(x)
     results = {"card": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "torch": torch.__version__, "shape": "SmolLM2-135M",
                "layer": args.layer, "batch": args.batch, "seq_len": args.seq_len, "mixers": {}}
+    options = {k: getattr(args, k) for k in ("window_size", "sparse_cache_size") if getattr(args, k)}
+    suffix = "".join(f"+{k[0]}{v}" for k, v in options.items())  # +w64, +w64+s16
+    if args.remote_code:
+        results["remote_code"] = remote_code_check(args, teacher, dev)
     for mixer in args.mixers.split(","):
         t0 = time.time()
-        student = linzoo.linearize(teacher, mixer)
+        student = linzoo.linearize(teacher, mixer, **options)
         layer = student.model.layers[args.layer].self_attn
         fresh = set(fresh_parameters(student))
         g = torch.Generator(device="cpu").manual_seed(1)
@@ -188,8 +257,8 @@ def main():
         }
         if dev.type == "cuda":  # layer fwd+bwd on the fast path, B x T of the check, kernels warm
             row["fwd_bwd_ms"] = timed_fwd_bwd_ms(fast_layer, x.bfloat16(), cot.bfloat16())
-        results["mixers"][mixer] = row
-        print(mixer, json.dumps(row), flush=True)
+        results["mixers"][mixer + suffix] = row
+        print(mixer + suffix, json.dumps(row), flush=True)
         with open(args.out, "w") as f:  # after every mixer, so a timeout keeps what finished
             json.dump(results, f, indent=1)
         del student, fast_layer, floor_layer
