@@ -91,9 +91,10 @@ save_triton() { [ -d "${TRITON_CACHE_DIR:-}" ] && tar czf "$WORK/triton.tgz" -C 
   && [ "$(stat -c %s "$WORK/triton.tgz")" -lt 16000000 ] && cp "$WORK/triton.tgz" "$OUT/triton-cache.tgz"; }
 
 linearize() {  # name mixer tokens [extra flags...]: starts it in the background unless finished or already running
+  # (then returns 1: nothing started)
   local m=$1 mixer=$2 tokens=$3; shift 3
-  if [ -f "$WORK/runs/$m/linzoo_training.json" ]; then echo "$m: finished already"; return; fi
-  if ! flock -n "$WORK/runs/$m.lock" true; then echo "$m: still running (from an earlier call)"; return; fi
+  if [ -f "$WORK/runs/$m/linzoo_training.json" ]; then echo "$m: finished already"; return 1; fi
+  if ! flock -n "$WORK/runs/$m.lock" true; then echo "$m: still running (from an earlier call)"; return 1; fi
   echo "$m: starting (or resuming)"
   # shellcheck disable=SC2086  # TRAIN_ARGS split into words on purpose
   setsid nohup flock -o "$WORK/runs/$m.lock" python3 -m linzoo.cli linearize --config "$R/recipes/135m/linearize.yaml" --mixer "$mixer" \
@@ -105,7 +106,7 @@ linearize() {  # name mixer tokens [extra flags...]: starts it in the background
 
 start_runs() {  # Gated DeltaNet with the recipe's batch; the short runs with 2 x 4 accumulation (same tokens/step)
   if [ -n "${RUNS_LIST:-}" ]; then  # a campaign's run lines; within a campaign phase each run stops at its deadline
-    local name mixer tokens flags wall lines
+    local name mixer tokens flags wall lines tries
     lines=$(plan show "$RUNS_LIST" run) || return 2
     [ -n "${LINZOO_CORPUS_DIR:-}" ] && grep -q -- "--dataset long" <<<"$lines" && python3 -c \
       "from linzoo.data import load_text_dataset; load_text_dataset('long', split='train')"  # import the bundle once
@@ -113,9 +114,11 @@ start_runs() {  # Gated DeltaNet with the recipe's batch; the short runs with 2 
       wall=()
       [ -n "$STOP_AT" ] && wall=(--max_wall_seconds $((STOP_AT - $(date +%s) > 1 ? STOP_AT - $(date +%s) : 1)))
       # shellcheck disable=SC2086  # flags split into words on purpose
-      linearize "$name" "$mixer" "${TRAIN_TOKENS:-$tokens}" --logging_steps 10 "${wall[@]}" $flags
-      # one at a time through data loading and packing (runs sharing a dataset would race for its cache files)
-      for _ in $(seq 240); do
+      linearize "$name" "$mixer" "${TRAIN_TOKENS:-$tokens}" --logging_steps 10 "${wall[@]}" $flags || continue
+      # one at a time through data loading and packing (runs sharing a dataset would race for its cache files), at
+      # most 120 s a run and never past the call's LIMIT (a run already running from an earlier call is not waited for)
+      tries=$((2 * ($(left) - 20))); [ "$tries" -gt 240 ] && tries=240; [ "$tries" -lt 1 ] && tries=1
+      for _ in $(seq "$tries"); do
         grep -qs -e "fitted the fresh student" -e "linzoo: stage1" -e Traceback "$WORK"/runs/$name.*.log && break
         flock -n "$WORK/runs/$name.lock" true && break; sleep 0.5
       done
@@ -228,7 +231,6 @@ failures() {  # a run that ended without its student, an eval job that failed: o
 }
 
 campaign_step() {  # the next phases of the plan, as far as this call goes; returns 1 when a later call must go on
-  [ -f "$ST/start" ] || date +%s >"$ST/start"
   plan show "$CAMPAIGN" phase >"$ST/plan" || return 2
   [ "$(awk '{printf "%s ", $1}' "$ST/plan")" = "speed train eval " ] \
     || { echo "campaign: $CAMPAIGN plans no phases: it needs the lines phase speed|train|eval SECONDS"; return 2; }
@@ -236,6 +238,8 @@ campaign_step() {  # the next phases of the plan, as far as this call goes; retu
     plan check "$CAMPAIGN" --dev "$DEV" --teacher "$TEACHER" --train_args "${TRAIN_ARGS:-}" ${DRY:+--dry} || return 2
     touch "$ST/checked"
   fi
+  # the plan's clock starts once its check passes: calls that stopped at the check spend none of the phases' time
+  [ -f "$ST/start" ] || date +%s >"$ST/start"
   local script flags extra
   if [ ! -f "$ST/speed.ended" ]; then
     begin speed

@@ -122,6 +122,10 @@ def run_parallel(args):
                "--decode_steps", str(args.decode_steps), "--device", args.device, "--fast_backend", args.fast_backend,
                "--fast_fp32_mixers", args.fast_fp32_mixers, "--window_size", str(args.window_size),
                "--sparse_cache_size", str(args.sparse_cache_size)]
+        if args.remote_code and m == mixers[0]:  # the whole-model check once, in the first mixer's process
+            cmd += ["--remote_code", "--remote_code_attn_layers", args.remote_code_attn_layers,
+                    "--remote_code_dtype", args.remote_code_dtype, "--remote_code_length", str(args.remote_code_length)]
+            cmd += ["--remote_code_fitted"] if args.remote_code_fitted else []
         log = open(tmp / f"{m}.log", "w")
         procs[m] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log)
     results = {"mixers": {}}
@@ -149,6 +153,12 @@ def run_parallel(args):
 
 
 def print_table(results):
+    r = results.get("remote_code")
+    if r:
+        print(f"trust_remote_code ({r['dtype']}, {r['prompt_tokens']} tokens): logits fast vs torch "
+              f"{r['logits_fast_vs_torch_rel']:.2e}; generate cached == uncached: {r['generate_cached_equals_uncached']} "
+              f"({r['generate_same_prefix_tokens']} equal tokens, logits rel {r['generate_logits_rel']}); "
+              f"answer {r['generated']!r}, passkey {r['passkey']}")
     print(f"\n{'mixer':16s} {'out rel':>9s} {'floor':>9s} {'grad rel':>9s} {'floor':>9s} {'decode rel':>10s} "
           f"{'floor':>9s} {'fwd+bwd ms':>10s} {'worst grad':>14s}")
     for m, r in results["mixers"].items():

@@ -117,6 +117,35 @@ def test_dry_campaign_end_to_end(tiny_teacher_dir, tiny_corpus, tmp_path):
     assert "starting" not in again.stdout  # nothing retrained
 
 
+def test_a_call_spends_its_time_only_on_what_it_started(tiny_teacher_dir, tiny_corpus, tmp_path):
+    """What the first lent GPU met (H100, 2026-12-05): (1) three calls stopped at the check, yet the plan's clock had
+    started in the first, so the speed phase found its time spent and measured nothing; (2) a call that found its
+    runs still training from an earlier call waited 120 s for each of them to pass its start, ran past its LIMIT
+    into the tool's hard timeout, and brought nothing back."""
+    import time
+
+    text = tiny_corpus / "text.txt"
+    plan = tiny_campaign(tmp_path / "tiny.runs", text)
+    plan.write_text("\n".join(l for l in plan.read_text().splitlines() if not l.startswith("speed ")) + "\n")
+    bad = dry_run(tmp_path, tiny_teacher_dir, fake_dev(tmp_path / "bad", text, drop=("lm_eval",)), plan)
+    assert bad.returncode == 2 and "campaign: stopped" in bad.stdout, bad.stdout[-3000:]
+    assert not (tmp_path / "work" / "campaign" / "start").exists()  # (1) the clock waits for a passing check
+    runs = tmp_path / "work" / "runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    holder = subprocess.Popen(["flock", "-o", str(runs / "hybrid_long.lock"), "sleep", "300"])  # "an earlier call's"
+    try:
+        time.sleep(1)
+        start = time.time()
+        proc = dry_run(tmp_path, tiny_teacher_dir, fake_dev(tmp_path, text), plan, LIMIT="60")
+        took = time.time() - start
+    finally:
+        holder.kill()
+    out = proc.stdout + proc.stderr
+    assert "hybrid_long: still running (from an earlier call)" in out and "still training at the limit" in out, out
+    assert "campaign: not finished: make the same call again" in out
+    assert took < 60 + 30, f"the call took {took:.0f} s with LIMIT=60"  # (2) packing the report is all it adds
+
+
 def test_check_fails_loudly_on_a_missing_wheel(tiny_teacher_dir, tiny_corpus, tmp_path):
     text = tiny_corpus / "text.txt"
     dev = fake_dev(tmp_path, text, drop=("lm_eval",))

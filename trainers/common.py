@@ -46,10 +46,16 @@ class RunArguments:
     )
 
     def check_run(self):
-        # TRL turns checkpointing on by defaulting `gradient_checkpointing`, the name TrainingArguments deprecates: a
-        # FutureWarning on every run (printed ahead of any error). The same default under the current name instead.
-        if self.gradient_checkpointing is None and self.activation_checkpointing is None:
-            self.activation_checkpointing = True
+        # Checkpointing is on unless set false. transformers >= 5.2x calls it `activation_checkpointing` and warns
+        # (FutureWarning, ahead of any error) on `gradient_checkpointing`; 5.17 knows only `gradient_checkpointing`.
+        # Recipes say `gradient_checkpointing` (both versions parse it); where the new name exists the value moves to it.
+        if not hasattr(self, "activation_checkpointing"):
+            if self.gradient_checkpointing is None:
+                self.gradient_checkpointing = True
+            return
+        if self.activation_checkpointing is None:
+            self.activation_checkpointing = True if self.gradient_checkpointing is None else self.gradient_checkpointing
+        self.gradient_checkpointing = None
 
 
 @dataclass
