@@ -1,7 +1,8 @@
 """NIAH against training tokens for one recipe: rows of `scripts/retrieval_start.py` (0 tokens) and
 `scripts/cpu_ablation.sh` (trained), the teacher beside them, as a PNG.
 
-    python scripts/retrieval_curve.py results/recipe/cpu/retrieval.jsonl --names auto6_w64,s1_auto6_w64_5k,s1_auto6_w64 \\
+    python scripts/retrieval_curve.py results/recipe/cpu/retrieval.jsonl \\
+        --names auto6_w64,s1_auto6_w64_5k,s1_auto6_w64,s1_auto6_w64_100k,s1_auto6_w64_400k \\
         --out results/recipe/cpu/retrieval_curve.png
 """
 
@@ -28,15 +29,23 @@ def main(argv=None):
         raise SystemExit(f"retrieval_curve: no row named {', '.join(missing)} in {args.rows}")
     picked = [rows[n] for n in names]
     tokens = [r.get("tokens", r.get("trained_tokens", 0)) for r in picked]
+    at = list(range(len(picked)))  # evenly spaced, labelled with the tokens: 0, 5k ... 400k stay readable
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for length, color in (("256", "tab:blue"), ("512", "tab:orange")):
         acc = [r["niah_by_length"][length] for r in picked]
         se = [r["niah_se"][length] for r in picked]
-        ax.errorbar(tokens, acc, yerr=se, marker="o", color=color, capsize=3, label=f"student, {length} tokens")
+        ax.errorbar(at, acc, yerr=se, marker="o", color=color, capsize=3, label=f"student, {length} tokens")
         teacher = next((r["teacher_niah_by_length"][length] for r in picked if "teacher_niah_by_length" in r), None)
         if teacher is not None:
             ax.axhline(teacher, color=color, linestyle=":", label=f"teacher, {length} tokens")
-    ax.set_xlabel("training tokens (stage 1)")
+    ratios = [r["perplexity"] / r["teacher_perplexity"] for r in picked]
+    right = ax.twinx()  # what the retrieval costs or gains in held-out perplexity, on the same runs
+    right.plot(at, ratios, marker="s", color="tab:gray", linestyle="--", label="perplexity ÷ teacher's")
+    right.set_ylabel("perplexity ÷ teacher's", color="tab:gray")
+    right.set_ylim(1.0, max(ratios) * 1.05)
+    right.legend(fontsize=7, loc="center right")
+    ax.set_xticks(at, [f"{t / 1000:g}k" if t else "0" for t in tokens])
+    ax.set_xlabel("training tokens (stage 1; one tick per run)")
     ax.set_ylabel("passkey NIAH accuracy")
     ax.set_ylim(-0.05, 1.05)
     ax.set_title("Retrieval against training tokens", fontsize=10)
