@@ -739,15 +739,18 @@ def test_no_library_warning_ahead_of_our_own_words(tmp_path):
     from linzoo.trainers.distill_instruct_config import InstructDistillConfig
     from linzoo.trainers.sft import LinzooSFTConfig
 
+    def checkpointing(cfg):  # transformers >= 5.2x: activation_checkpointing; 5.17 (pyproject's floor): only the old name
+        return getattr(cfg, "activation_checkpointing", cfg.gradient_checkpointing)
+
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for cls in (LinearizeConfig, LinzooSFTConfig, InstructDistillConfig):
             cfg = dataclasses.replace(cls(output_dir=str(tmp_path)), learning_rate=0.1)  # a stage's copy too
-            assert cfg.activation_checkpointing is True and cfg.gradient_checkpointing is True
+            assert checkpointing(cfg) is True and cfg.gradient_checkpointing is True
         for recipe in RECIPES.glob("*/linearize.yaml"):
             TrlParser(LinearizeConfig).parse_args_and_config(["--config", str(recipe), "--bf16", "false"])
         # the recipes' `gradient_checkpointing`, the one name transformers 5.17 (the GPU image's) also parses
-        assert LinearizeConfig(output_dir=str(tmp_path), gradient_checkpointing=False).activation_checkpointing is False
+        assert checkpointing(LinearizeConfig(output_dir=str(tmp_path), gradient_checkpointing=False)) is False
         assert all("gradient_checkpointing:" in r.read_text() for r in RECIPES.glob("*/linearize.yaml"))
     assert not [w for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning))], caught
     # in a fresh process (the import notice comes once): the error line is all that is printed
