@@ -157,6 +157,17 @@ def _pad_id(tokenizer) -> int:
 
 
 @torch.inference_mode()
+def token_stream(tokenizer, texts: list[str], max_tokens: int) -> list[int]:
+    """The first `max_tokens` + 1 token ids of `texts`, documents joined by EOS (`max_tokens` predicted tokens)."""
+    stream: list[int] = []
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    for text in texts:
+        stream += tokenizer(text, add_special_tokens=False)["input_ids"] + eos
+        if len(stream) > max_tokens:
+            break
+    return stream[:max_tokens + 1]
+
+
 def heldout_metrics(model, tokenizer, texts: list[str], max_tokens: int = 16384, teacher=None,
                     block_size: int = 1024, batch_size: int = 4, token_chunk: int = 2048) -> dict:
     """Perplexity over the first `max_tokens` predicted tokens of `texts` (documents joined by EOS, cut
@@ -164,13 +175,7 @@ def heldout_metrics(model, tokenizer, texts: list[str], max_tokens: int = 16384,
     the same token ids (the student's tokenizer serves both, so the vocabularies must match). Memory: each
     model's logits for `batch_size` blocks (batch x block x vocab, in the model's dtype), then fp32 log-probs
     `token_chunk` tokens at a time (~4 x token_chunk x vocab floats)."""
-    stream: list[int] = []
-    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    for text in texts:
-        stream += tokenizer(text, add_special_tokens=False)["input_ids"] + eos
-        if len(stream) > max_tokens:
-            break
-    stream = stream[:max_tokens + 1]
+    stream = token_stream(tokenizer, texts, max_tokens)
     block = min(block_size, max_length(model, tokenizer))
     blocks = [stream[i:i + block + 1] for i in range(0, len(stream) - 1, block)]
     if teacher is not None:  # probe with token 0, which every vocabulary has, before feeding real ids

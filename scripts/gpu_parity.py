@@ -62,21 +62,20 @@ def timed_fwd_bwd_ms(layer, x, cot, iters=5):
     return cuda_ms(lambda: layer(x).backward(cot), iters, warmup=1)
 
 
-def remote_code_check(args, teacher, dev):
-    """A memory student (fitted start, softmax kept at `--remote_code_attn_layers`) through trust_remote_code."""
+def remote_code_check(args, teacher, tokenizer, dev, options):
+    """A memory student (`options`, softmax kept at `--remote_code_attn_layers`, the fitted start with
+    `--remote_code_fitted`) through trust_remote_code."""
     from transformers import AutoModelForCausalLM
 
     from linzoo.evals.niah import build_haystack
 
-    options = {k: getattr(args, k) for k in ("window_size", "sparse_cache_size")}
     attn = [int(i) for i in args.remote_code_attn_layers.split(",") if i]
     calibration = None
     if args.remote_code_fitted:  # the fitted start of `linzoo linearize` (the embedded text's first 4,096 tokens)
         from linzoo.data import load_text_dataset
         from linzoo.trainers.linearize import calibration_ids
 
-        calibration = calibration_ids(load_text_dataset("embedded", split="train"), load_teacher(args.teacher)[1],
-                                      4096, 512)
+        calibration = calibration_ids(load_text_dataset("embedded", split="train"), tokenizer, 4096, 512)
     student = linzoo.linearize(teacher, args.mixers.split(",")[0], calibration=calibration, attn_layers=attn,
                                **options)
     folder = Path(tempfile.mkdtemp(prefix="remote-")) / "student"
@@ -84,10 +83,10 @@ def remote_code_check(args, teacher, dev):
     del student
     model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True,
                                                  dtype=getattr(torch, args.remote_code_dtype)).to(dev).eval()
-    tokenizer = load_teacher(args.teacher)[1]
     sample = build_haystack(tokenizer, None, args.remote_code_length, 0.5, "passkey", 0)
     ids = tokenizer(sample.prompt, return_tensors="pt")["input_ids"].to(dev)
-    row = {"module": type(model).__module__, "attn_layers": attn, **options, "fitted": calibration is not None,
+    row = {"module": type(model).__module__, "attn_layers": attn, "window_size": args.window_size,
+           "sparse_cache_size": args.sparse_cache_size, "fitted": calibration is not None,
            "dtype": args.remote_code_dtype, "prompt_tokens": ids.shape[1]}
     with torch.no_grad():
         model.config.kernel_backend = args.fast_backend
@@ -103,8 +102,8 @@ def remote_code_check(args, teacher, dev):
     a, b = cached.sequences[0, ids.shape[1]:], uncached.sequences[0, ids.shape[1]:]
     same = int((a == b).cumprod(0).sum())  # tokens equal before the first difference (bf16 near-ties may flip one)
     row |= {"generate_cached_equals_uncached": bool(torch.equal(a, b)), "generate_same_prefix_tokens": same,
-            "generate_logits_rel": rel(torch.stack(cached.logits[:same]).float(), torch.stack(uncached.logits[:same]).float())
-            if same else None,
+            "generate_logits_rel": rel(torch.stack(cached.logits[:same]).float(),
+                                       torch.stack(uncached.logits[:same]).float()) if same else None,
             "generated": tokenizer.decode(a), "generated_uncached": tokenizer.decode(b), "passkey": sample.answer}
     print("remote_code", json.dumps(row), flush=True)
     return row
@@ -204,7 +203,7 @@ def main():
         print_table(results)
         return
     dev = torch.device(args.device)
-    teacher, _ = load_teacher(args.teacher)
+    teacher, tokenizer = load_teacher(args.teacher)
     teacher.to(dev)
     torch.manual_seed(0)
     ids = torch.randint(0, teacher.config.vocab_size, (args.batch, args.seq_len), device=dev)
@@ -223,7 +222,7 @@ def main():
     options = {k: getattr(args, k) for k in ("window_size", "sparse_cache_size") if getattr(args, k)}
     suffix = "".join(f"+{k[0]}{v}" for k, v in options.items())  # +w64, +w64+s16
     if args.remote_code:
-        results["remote_code"] = remote_code_check(args, teacher, dev)
+        results["remote_code"] = remote_code_check(args, teacher, tokenizer, dev, options)
     for mixer in args.mixers.split(","):
         t0 = time.time()
         student = linzoo.linearize(teacher, mixer, **options)

@@ -10,6 +10,7 @@ import torch
 
 import linzoo
 from linzoo.evals.common import load_texts
+from linzoo.evals.quality import token_stream
 
 
 def position_nll(lm, blocks: torch.Tensor, batch: int = 2) -> torch.Tensor:
@@ -32,11 +33,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     teacher, tokenizer = linzoo.load_teacher(args.teacher)
     student = linzoo.load_model(args.model)[0].eval()
-    stream = []
-    for text in load_texts("embedded", split="test"):
-        stream += tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        if len(stream) > args.tokens:
-            break
+    stream = token_stream(tokenizer, load_texts("embedded", split="test"), args.tokens)
     blocks = torch.tensor([stream[i:i + args.block + 1] for i in range(0, args.tokens, args.block)
                            if len(stream[i:i + args.block + 1]) == args.block + 1])
     s, t = position_nll(student, blocks), position_nll(teacher.eval(), blocks)
