@@ -71,18 +71,18 @@ def remote_code_check(args, teacher, tokenizer, dev, options):
 
     attn = [int(i) for i in args.remote_code_attn_layers.split(",") if i]
     calibration = None
-    if args.remote_code_fitted:  # the fitted start of `linzoo linearize` (the embedded text's first 4,096 tokens)
+    if args.remote_code_fitted:  # the fitted start of `linzoo linearize` (its default calibration on the embedded text)
         from linzoo.data import load_text_dataset
         from linzoo.trainers.linearize import calibration_ids
 
-        calibration = calibration_ids(load_text_dataset("embedded", split="train"), tokenizer, 4096, 512)
+        calibration = calibration_ids(load_text_dataset("embedded", split="train"), tokenizer)
     student = linzoo.linearize(teacher, args.mixers.split(",")[0], calibration=calibration, attn_layers=attn,
                                **options)
-    folder = Path(tempfile.mkdtemp(prefix="remote-")) / "student"
-    student.float().cpu().save_pretrained(folder)
-    del student
-    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True,
-                                                 dtype=getattr(torch, args.remote_code_dtype)).to(dev).eval()
+    with tempfile.TemporaryDirectory(prefix="remote-") as folder:  # a 135M student is 0.5 GB: gone once loaded
+        student.float().cpu().save_pretrained(folder)
+        del student
+        model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True,
+                                                     dtype=getattr(torch, args.remote_code_dtype)).to(dev).eval()
     sample = build_haystack(tokenizer, None, args.remote_code_length, 0.5, "passkey", 0)
     ids = tokenizer(sample.prompt, return_tensors="pt")["input_ids"].to(dev)
     row = {"module": type(model).__module__, "attn_layers": attn, "window_size": args.window_size,
@@ -112,43 +112,44 @@ def remote_code_check(args, teacher, tokenizer, dev, options):
 def run_parallel(args):
     """One process per mixer (Triton compiles in parallel; a crash in one mixer leaves the others), one JSON."""
     resolve(args.teacher)  # convert the embedded GGUF once, before the processes race for it
-    tmp = Path(tempfile.mkdtemp(prefix="parity-"))
-    mixers = args.mixers.split(",")
-    procs = {}
-    for m in mixers:
-        cmd = [sys.executable, __file__, "--mixers", m, "--out", str(tmp / f"{m}.json"), "--teacher", args.teacher,
-               "--layer", str(args.layer), "--batch", str(args.batch), "--seq_len", str(args.seq_len),
-               "--decode_steps", str(args.decode_steps), "--device", args.device, "--fast_backend", args.fast_backend,
-               "--fast_fp32_mixers", args.fast_fp32_mixers, "--window_size", str(args.window_size),
-               "--sparse_cache_size", str(args.sparse_cache_size)]
-        if args.remote_code and m == mixers[0]:  # the whole-model check once, in the first mixer's process
-            cmd += ["--remote_code", "--remote_code_attn_layers", args.remote_code_attn_layers,
-                    "--remote_code_dtype", args.remote_code_dtype, "--remote_code_length", str(args.remote_code_length)]
-            cmd += ["--remote_code_fitted"] if args.remote_code_fitted else []
-        log = open(tmp / f"{m}.log", "w")
-        procs[m] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log)
-    results = {"mixers": {}}
-    end = time.time() + args.deadline if args.deadline else None
-    for m in mixers:
-        proc, log = procs[m]
-        try:
-            code = proc.wait(timeout=None if end is None else max(1.0, end - time.time()))
-        except subprocess.TimeoutExpired:  # report the others rather than lose everything to an outer timeout
-            proc.kill()
-            code = proc.wait()
-            with open(tmp / f"{m}.log", "a") as f:
-                f.write(f"\ntimed out: --deadline {args.deadline} s\n")
-        log.close()
-        lines = (tmp / f"{m}.log").read_text().strip().splitlines() or [f"exit {code}"]
-        print(f"--- {m} (exit {code})", *lines[-8 if code else -1:], sep="\n", flush=True)
-        part = tmp / f"{m}.json"
-        if part.is_file():
-            data = json.loads(part.read_text())
-            results.update({k: v for k, v in data.items() if k != "mixers"}, parallel_processes=len(mixers))
-            results["mixers"].update(data["mixers"])
-        if code:
-            results["mixers"].setdefault(m, {"error": lines[-1]})
-    return results
+    with tempfile.TemporaryDirectory(prefix="parity-") as folder:  # per-mixer logs and JSON, merged below
+        tmp = Path(folder)
+        mixers = args.mixers.split(",")
+        procs = {}
+        for m in mixers:
+            cmd = [sys.executable, __file__, "--mixers", m, "--out", str(tmp / f"{m}.json"), "--teacher",
+                   args.teacher, "--layer", str(args.layer), "--batch", str(args.batch), "--seq_len", str(args.seq_len),
+                   "--decode_steps", str(args.decode_steps), "--device", args.device, "--fast_backend", args.fast_backend,
+                   "--fast_fp32_mixers", args.fast_fp32_mixers, "--window_size", str(args.window_size),
+                   "--sparse_cache_size", str(args.sparse_cache_size)]
+            if args.remote_code and m == mixers[0]:  # the whole-model check once, in the first mixer's process
+                cmd += ["--remote_code", "--remote_code_attn_layers", args.remote_code_attn_layers, "--remote_code_dtype",
+                        args.remote_code_dtype, "--remote_code_length", str(args.remote_code_length)]
+                cmd += ["--remote_code_fitted"] if args.remote_code_fitted else []
+            log = open(tmp / f"{m}.log", "w")
+            procs[m] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log)
+        results = {"mixers": {}}
+        end = time.time() + args.deadline if args.deadline else None
+        for m in mixers:
+            proc, log = procs[m]
+            try:
+                code = proc.wait(timeout=None if end is None else max(1.0, end - time.time()))
+            except subprocess.TimeoutExpired:  # report the others rather than lose everything to an outer timeout
+                proc.kill()
+                code = proc.wait()
+                with open(tmp / f"{m}.log", "a") as f:
+                    f.write(f"\ntimed out: --deadline {args.deadline} s\n")
+            log.close()
+            lines = (tmp / f"{m}.log").read_text().strip().splitlines() or [f"exit {code}"]
+            print(f"--- {m} (exit {code})", *lines[-8 if code else -1:], sep="\n", flush=True)
+            part = tmp / f"{m}.json"
+            if part.is_file():
+                data = json.loads(part.read_text())
+                results.update({k: v for k, v in data.items() if k != "mixers"}, parallel_processes=len(mixers))
+                results["mixers"].update(data["mixers"])
+            if code:
+                results["mixers"].setdefault(m, {"error": lines[-1]})
+        return results
 
 
 def print_table(results):

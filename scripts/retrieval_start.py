@@ -5,7 +5,7 @@ held-out perplexity and KL beside the teacher (2,048 tokens of the embedded test
 NIAH at 256 and 512 tokens (depths 0, 0.5, 1 x SAMPLES prompts, default 10) and the teacher-forced log-probability of
 the key's tokens on the same prompts (chance -2.30). One JSON line per configuration on stdout.
 
-    python scripts/retrieval_start.py 'auto3_w64:17,18,23:64' 'pure::0' >> results/recipe/cpu/retrieval_start.jsonl
+    python scripts/retrieval_start.py 'auto3_w64:17,18,23:64' 'pure::0' >> results/recipe/cpu/retrieval.jsonl
 
 Each argument is NAME:LAYERS:WINDOW (LAYERS comma-separated, empty for none; WINDOW 0 for none)."""
 
@@ -50,7 +50,7 @@ def main(specs):
             sys.exit(f"retrieval_start: {spec!r} is not NAME:LAYERS:WINDOW (e.g. auto3_w64:17,18,23:64 or pure::0)")
     teacher, tok = linzoo.load_teacher("embedded")
     teacher.eval()
-    calibration = calibration_ids(load_text_dataset("embedded", split="train"), tok, 4096, 512)
+    calibration = calibration_ids(load_text_dataset("embedded", split="train"), tok)
     texts = load_texts("embedded", split="test")
     for name, layers, window in configs:
         start = time.time()

@@ -103,10 +103,10 @@ def run_stage(index, student, teacher, tokenizer, dataset, args, deadline=None):
     return summary
 
 
-def calibration_ids(text, tokenizer, tokens, length=512):
+def calibration_ids(text, tokenizer, tokens=LinearizeConfig.calibration_tokens, length=512):
     """The first `tokens` tokens of the training text, packed into rows of `length` (whatever the training rows'
     length: decays are chosen on the context the student will be used at), as [rows, length] ids for
-    `linearize(calibration=)`; None for 0 tokens."""
+    `linearize(calibration=)`; None for 0 tokens. The defaults are `linzoo linearize`'s on a 512-position teacher."""
     if tokens <= 0:
         return None
     from ..data import pack_dataset
