@@ -10,7 +10,8 @@ arc_challenge, piqa) and acc otherwise, "average" the mean over tasks; `chance`,
 random guess (1 / number of choices, averaged over the documents; 0 for LAMBADA), and `chance_recovery`, the
 recovery such a guesser gets (about 65 % against SmolLM2-135M): a student near it has learnt nothing the tasks see.
 The headline is therefore `recovery_above_chance`: (s - c) / (t - c) x 100, the share of the teacher's skill above
-chance that the student keeps, averaged over the tasks where the teacher is >= 3 standard errors above chance.
+chance that the student keeps, averaged over the tasks where the teacher is >= 3 standard errors above chance, with
+its standard error.
 """
 
 from __future__ import annotations
@@ -252,19 +253,29 @@ CHANCE_SE = 3.0  # a task counts when the teacher is at least this many standard
 def above_chance_recovery(scores: dict, teacher_scores: dict, metric: dict) -> dict:
     """The headline: the share of the teacher's skill above chance that the student keeps, (s - c) / (t - c) x 100
     per task, averaged over the tasks where the teacher is >= CHANCE_SE binomial standard errors
-    (sqrt(t (1 - t) / n)) above chance c; other tasks are None (a teacher at chance leaves nothing to recover)."""
-    table, counted = {}, []
+    (sqrt(t (1 - t) / n)) above chance c; other tasks are None (a teacher at chance leaves nothing to recover).
+    "stderr": each counted task's standard error, the student's and the teacher's binomial errors carried through
+    (s - c) / (t - c) as if independent (first order), and the average's, sqrt(sum of squares) / number of tasks."""
+    table, counted, stderr = {}, [], {}
     for task, r in scores.items():
         s, t, c = r[metric[task]], teacher_scores[task][metric[task]], r["chance"]
         n = teacher_scores[task].get("n", r["n"])
-        se = math.sqrt(t * (1 - t) / n) if n else float("inf")
-        if t - c >= CHANCE_SE * se and t > c:
+        se_t = math.sqrt(t * (1 - t) / n) if n else float("inf")
+        if t - c >= CHANCE_SE * se_t and t > c:
             table[task] = (s - c) / (t - c) * 100
             counted.append(task)
+            se_s = math.sqrt(s * (1 - s) / r["n"])
+            stderr[task] = math.hypot(se_s / (t - c), (s - c) * se_t / (t - c) ** 2) * 100
         else:
-            table[task] = None
+            table[task] = stderr[task] = None
+    stderr["average"] = math.sqrt(sum(stderr[t] ** 2 for t in counted)) / len(counted) if counted else None
     return {**table, "average": sum(table[t] for t in counted) / len(counted) if counted else None,
-            "tasks": counted, "min_teacher_se_above_chance": CHANCE_SE}
+            "tasks": counted, "min_teacher_se_above_chance": CHANCE_SE, "stderr": stderr}
+
+
+def with_stderr(value: float | None, stderr: float | None) -> str:
+    """'41.5% ± 3.2' (or '41.5%' for results made before the standard error was kept); NOT_MEASURED for None."""
+    return measured(value, "{:.1f}%") + ("" if value is None or stderr is None else f" ± {stderr:.1f}")
 
 
 def evaluate_quality(model, tokenizer, tasks=TASKS, data_dir: str | None = None, limit: int | None = None,
@@ -350,9 +361,9 @@ def save_quality(results: dict, out_dir: str | os.PathLike) -> tuple[Path, Path]
     ax.set_ylim(0, 1.1)
     ax.set_ylabel("accuracy")
     title = f"{results['model']}"
-    above = (results.get("recovery_above_chance") or {}).get("average")  # absent in results made before it was added
-    if above is not None:
-        title += f" - keeps {above:.1f}% of {results['teacher']}'s skill above chance"
+    above = _average_and_stderr(results.get("recovery_above_chance"))  # absent in results made before it was added
+    if above[0] is not None:
+        title += f" - keeps {with_stderr(*above)} of {results['teacher']}'s skill above chance"
     if results["recovery"] and results["recovery"]["average"] is not None:
         title += f"\nrecovery {results['recovery']['average']:.1f}%"
         if (results.get("chance_recovery") or {}).get("average") is not None:
@@ -402,7 +413,7 @@ def main(argv: list[str] | None = None) -> dict:
     json_path, _ = save_quality(results, args.out)
     summary = {t: round(s[results["recovery_metric"][t]], 4) for t, s in results["tasks"].items()}
     chance = results["chance_recovery"] and results["chance_recovery"]["average"]
-    above = results["recovery_above_chance"] and results["recovery_above_chance"]["average"]
+    above = with_stderr(*_average_and_stderr(results["recovery_above_chance"]))
     recovery = results["recovery"] and results["recovery"]["average"]
     print(f"{args.model}: {summary} recovery above chance={above} recovery={recovery} (a uniform guess: {chance}) "
           f"-> {json_path}")
@@ -446,7 +457,8 @@ def card_results(q: dict) -> list:
 
 CARD_SECTION = """Zero-shot, scored by lm-eval-harness{% if quality and quality.limit %} (first {{ quality.limit }} examples per task){% endif %}.
 **This model keeps {{ above_chance }} of its teacher's skill above chance**: (s − c) / (t − c) × 100 for its score s,
-the teacher's t and chance c, averaged over the tasks where the teacher is at least 3 standard errors above chance{% if quality and quality.teacher %} (teacher: {{ quality.teacher }}){% endif %}.
+the teacher's t and chance c, averaged over the tasks where the teacher is at least 3 standard errors above chance{% if quality and quality.teacher %} (teacher: {{ quality.teacher }}){% endif %};
+± is one standard error (both models' binomial errors over the task's documents).
 Recovery = s / t × 100, the ratio often quoted, counts chance as skill.
 
 | task | metric | this model | teacher | chance | above chance | recovery |
@@ -473,17 +485,22 @@ def _card_rows(q: dict | None) -> list[list[str]]:
         teacher = (q["teacher_tasks"] or {}).get(task, {}).get(metric)
         recovery = measured((q["recovery"] or {}).get(task), "{:.1f}%")
         above = q.get("recovery_above_chance")
-        above = (measured(above.get(task), "{:.1f}%") if task in above["tasks"] else "(teacher near chance)"
-                 ) if above else NOT_MEASURED
+        above = (with_stderr(above.get(task), (above.get("stderr") or {}).get(task)) if task in above["tasks"]
+                 else "(teacher near chance)") if above else NOT_MEASURED
         rows.append([task, metric, measured(scores[metric]), measured(teacher), measured(scores.get("chance")),
                      above, recovery])
     return rows
 
 
+def _average_and_stderr(above: dict | None) -> tuple:
+    above = above or {}
+    return above.get("average"), (above.get("stderr") or {}).get("average")
+
+
 def card_section(q: dict | None, folder: Path) -> str:
     return render(CARD_SECTION, quality=q, rows=_card_rows(q),
                   average_recovery=measured((q["recovery"] or {}).get("average") if q else None, "{:.1f}%"),
-                  above_chance=measured(((q or {}).get("recovery_above_chance") or {}).get("average"), "{:.1f}%"),
+                  above_chance=with_stderr(*_average_and_stderr((q or {}).get("recovery_above_chance"))),
                   chance_recovery=measured(((q or {}).get("chance_recovery") or {}).get("average"), "{:.1f}%"),
                   perplexity=measured(q and q.get("perplexity"), "{:.2f}"),
                   kl=measured(q and q.get("kl_to_teacher"), "{:.4f}"))
@@ -492,7 +509,7 @@ def card_section(q: dict | None, folder: Path) -> str:
 def space_row(data: dict) -> list:
     rec = data.get("recovery") or {}
     return [data["model"], data.get("teacher") or NOT_MEASURED, *(measured(rec.get(task), "{:.1f}%") for task in TASKS),
-            measured((data.get("recovery_above_chance") or {}).get("average"), "{:.1f}%"),
+            with_stderr(*_average_and_stderr(data.get("recovery_above_chance"))),
             measured(rec.get("average"), "{:.1f}%"),
             measured((data.get("chance_recovery") or {}).get("average"), "{:.1f}%"),
             measured(data.get("perplexity"), "{:.2f}")]

@@ -45,7 +45,10 @@ QUALITY = {
     # (s - c) / (t - c) where the teacher is >= 3 standard errors (n = 200) above chance: not winogrande, arc_challenge
     "recovery_above_chance": {"lambada_openai": 76.25, "winogrande": None, "arc_easy": 80.0, "arc_challenge": None,
                               "piqa": 71.42857142857143, "average": 75.89285714285714,
-                              "tasks": ["lambada_openai", "arc_easy", "piqa"], "min_teacher_se_above_chance": 3.0},
+                              "tasks": ["lambada_openai", "arc_easy", "piqa"], "min_teacher_se_above_chance": 3.0,
+                              # e.g. lambada: hypot(sqrt(.305 * .695 / 200) / .4, .305 * sqrt(.4 * .6 / 200) / .4^2)
+                              "stderr": {"lambada_openai": 10.4808, "winogrande": None, "arc_easy": 22.3691,
+                                         "arc_challenge": None, "piqa": 30.2013, "average": 13.0057}},
     "perplexity": 23.456789, "teacher_perplexity": 18.25, "kl_to_teacher": 0.3125, "heldout_tokens": 4096,
 }
 NIAH = {
@@ -115,10 +118,10 @@ def test_card_round_trips_through_modelcard_load(student):
     assert MIXER_CLASSES["gated_deltanet"].recurrence in text and MIXER_CLASSES["gated_deltanet"].title in text
     assert "**base (this model)**" in text and f"{TEACHER} → **base" in text
     assert "| arc_challenge | acc_norm | 0.255 | 0.300 | 0.250 | (teacher near chance) | 85.0% |" in text
-    assert "| piqa | acc_norm | 0.600 | 0.640 | 0.500 | 71.4% | 93.8% |" in text
-    assert "keeps 75.9% of its teacher's skill above chance" in text
+    assert "| piqa | acc_norm | 0.600 | 0.640 | 0.500 | 71.4% ± 30.2 | 93.8% |" in text
+    assert "keeps 75.9% ± 13.0 of its teacher's skill above chance" in text
     assert "such a guess would\nrecover 62.3% of the teacher" in text
-    assert "| **75.9%** | 88.8% |" in text and "0.667" in text
+    assert "| **75.9% ± 13.0** | 88.8% |" in text and "0.667" in text
     assert "![NIAH accuracy by context length and needle depth](eval/niah_heatmap.png)" in text
     assert f'repo = "{REPO}"' in text and "trust_remote_code=True" in text and 'pip install "linzoo[gpu]"' in text
     assert "eprint        = {2504.14366}" in text and "What Matters in Linearizing Language Models?" in text
@@ -130,7 +133,11 @@ def test_the_fixtures_above_chance_recovery_is_what_quality_computes():
     expected = QUALITY["recovery_above_chance"]
     assert computed.keys() == expected.keys() and computed["tasks"] == expected["tasks"]
     for key, value in expected.items():
-        if key != "tasks":
+        if key == "stderr":
+            assert computed[key].keys() == value.keys()
+            for task, se in value.items():
+                assert computed[key][task] == (None if se is None else pytest.approx(se, abs=1e-4)), task
+        elif key != "tasks":
             assert computed[key] == (None if value is None else pytest.approx(value)), key
 
 
