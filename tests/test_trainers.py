@@ -452,6 +452,19 @@ def test_a_killed_run_is_held_to_its_arguments_and_overwrite_starts_over(tiny_te
     assert stage1 == _record(out)["stages"][0]  # the stage was run again, not reused
 
 
+def test_a_run_stopped_by_bad_input_leaves_its_folder_to_the_corrected_command(tiny_teacher_dir, tiny_corpus, tmp_path):
+    """A mistyped --dataset (or any input refused before a stage writes anything) recorded its arguments in the folder
+    and then refused the corrected command as "a run with other arguments"."""
+    from linzoo.trainers import linearize
+
+    out = tmp_path / "run"
+    argv = _linearize_argv(tiny_teacher_dir, tiny_corpus, out, tokens=600)
+    with pytest.raises(ValueError, match="missing.jsonl"):
+        linearize.main(_with(argv, "--dataset", tmp_path / "missing.jsonl"))
+    assert [p.name for p in out.iterdir() if not p.name.startswith(".")] == []
+    assert linearize.main(argv) == 0 and _record(out)["mixer"] == "gated_deltanet"
+
+
 def test_sft_and_distill_instruct_refuse_a_folder_of_other_arguments(finished_run, tiny_teacher_dir, tiny_corpus,
                                                                      tmp_path):
     from linzoo.trainers import distill_instruct, sft

@@ -188,8 +188,13 @@ def _claim(out: Path, command: str, arguments: dict, overwrite: bool):
                     "its arguments to resume it, pass --overwrite_output_dir true to start over (deletes its "
                     "contents), or pick another --output_dir."
                 )
-            return
+            return False
     write_json(out / RUN_FILE, {"command": command, "arguments": arguments})
+    return True
+
+
+def _only_the_record(out: Path) -> bool:
+    return [p.name for p in out.iterdir() if not p.name.startswith(".")] == [RUN_FILE]
 
 
 @contextlib.contextmanager
@@ -197,7 +202,8 @@ def run_folder(cfg, command, arguments):
     """Holds `cfg.output_dir` for the run of `command` with `arguments` (`run_arguments`), before any work: a folder
     that cannot be written fails at once; one in use by another run, or holding a run with other arguments (whose
     stages and checkpoints would be reused), is refused, unless --overwrite_output_dir starts over. The arguments are
-    recorded at the start, so a killed run is held to them too."""
+    recorded at the start, so a killed run is held to them too; a run that fails before writing anything else (bad
+    input) takes its record back, so that the corrected command can use the folder."""
     from filelock import FileLock, Timeout
 
     if int(os.environ.get("RANK", 0)) != 0:  # one claimant under torchrun / accelerate launch
@@ -218,8 +224,13 @@ def run_folder(cfg, command, arguments):
         raise ValueError(f"--output_dir {out} is in use by another linzoo run (it holds {out / LOCK_FILE}): wait for "
                          "it to finish, or pick another folder.") from None
     try:
-        _claim(out, command, arguments, cfg.overwrite_output_dir)
-        yield
+        recorded = _claim(out, command, arguments, cfg.overwrite_output_dir)
+        try:
+            yield
+        except BaseException:
+            if recorded and _only_the_record(out):
+                (out / RUN_FILE).unlink()
+            raise
     finally:
         lock.release()
 
