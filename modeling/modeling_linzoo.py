@@ -148,6 +148,9 @@ class LinzooPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["LinzooDecoderLayer"]
     _is_stateful = True  # recurrent state cannot be rolled back (no assisted decoding)
     _supports_sdpa = True
+    # a student made without a window / sparse cache, loaded with one (`window_size=`, `sparse_cache_size=`): its null
+    # logit starts at 0 (`Memory.reset_new_parameters`), by design, not a weight the checkpoint lost
+    _keys_to_ignore_on_load_missing = [r"\.memory\.null_logit$"]
 
     def _init_weights(self, module):
         super()._init_weights(module)

@@ -590,11 +590,15 @@ def test_memory_token_weights(mixer):
 
 
 def test_sparse_cache_set_at_load(tmp_path):
-    """A student saved without it gets a sparse cache at load (trust_remote_code), its null logit at its start."""
+    """A student saved without it gets a sparse cache at load (trust_remote_code), its null logit at its start, and
+    no load report calling that logit MISSING (the README's inference option printed 30 such lines)."""
     from transformers import AutoModelForCausalLM
 
     tiny_model("gated_deltanet").save_pretrained(tmp_path)
-    model = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=True, sparse_cache_size=3).eval()
+    model, info = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=True, sparse_cache_size=3,
+                                                       output_loading_info=True)
+    model.eval()
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
     assert model.config.sparse_cache_size == 3
     assert torch.equal(model.model.layers[0].self_attn.memory.null_logit, torch.zeros(4))
     check_decoding(model)
