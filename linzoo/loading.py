@@ -155,6 +155,9 @@ def load_model(spec: str, dtype: torch.dtype | str | None = None, device: str | 
     model.config._name_or_path = EMBEDDED_TEACHER if spec == "embedded" else spec
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    positions = getattr(model.config, "max_position_embeddings", None)
+    if positions and tokenizer.model_max_length > 10**12:  # transformers' "unset" (1e30, a GGUF's tokenizer): the model's
+        tokenizer.model_max_length = positions             # own limit, which a student saved with it then carries
     if device is not None:
         model.to(device)
     return model.eval(), tokenizer

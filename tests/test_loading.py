@@ -185,3 +185,14 @@ def test_loads_in_threads_give_whole_tied_models(tiny_teacher_dir, tiny_student_
             assert tied == model.config.tie_word_embeddings == (folder == tiny_teacher_dir)
             assert model.state_dict().keys() == reference.state_dict().keys()
             assert all(torch.equal(t, reference.state_dict()[k]) for k, t in model.state_dict().items())
+
+
+def test_the_embedded_teachers_tokenizer_knows_its_context_and_a_saved_student_keeps_it(embedded_teacher, tmp_path):
+    """The GGUF's tokenizer came with transformers' 'unset' model_max_length (1e30), which students saved beside it
+    carried: truncation and the context checks of users' code had no limit to go by."""
+    from transformers import AutoTokenizer
+
+    teacher, tokenizer = embedded_teacher
+    assert tokenizer.model_max_length == teacher.config.max_position_embeddings == 8192
+    tokenizer.save_pretrained(tmp_path)
+    assert AutoTokenizer.from_pretrained(tmp_path).model_max_length == 8192

@@ -128,6 +128,25 @@ def test_card_round_trips_through_modelcard_load(student):
     assert "not measured" not in text.split("## Results")[1].split("## Usage")[0]
 
 
+def test_the_cards_usage_snippet_runs_as_written(student):
+    """The card's Python, its repo id pointed at the folder, in a fresh offline process that can answer no prompt:
+    AutoTokenizer reads config.json, whose auto_map names our code, so without trust_remote_code it asked
+    "Do you wish to run the custom code? [y/N]" and then built the config as a model of type ''."""
+    import os
+    import subprocess
+    import sys
+
+    assert card.main([str(student), "--repo-id", REPO]) == 0
+    text = (student / "README.md").read_text().split("## Usage")[1]
+    code = re.search(r"```python\n(.*?)```", text, re.S).group(1).replace(f'"{REPO}"', repr(str(student)))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "warning"}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         stdin=subprocess.DEVNULL, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "custom code" not in run.stdout + run.stderr and "model of type ``" not in run.stderr, run.stderr[-2000:]
+    assert run.stdout.strip(), "the snippet printed no generated text"
+
+
 def test_the_fixtures_above_chance_recovery_is_what_quality_computes():
     computed = quality.above_chance_recovery(QUALITY["tasks"], QUALITY["teacher_tasks"], QUALITY["recovery_metric"])
     expected = QUALITY["recovery_above_chance"]
