@@ -140,6 +140,19 @@ class ModelArguments:
     trust_remote_code: bool = field(default=False, metadata={
         "help": "run a checkpoint's own Python when it needs it (linzoo students and Llama teachers never do)"})
 
+    def __post_init__(self):  # the evals' own checks call this first: all before any model loads
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"--dtype {self.dtype!r}: use auto, float32, bfloat16 or float16")
+        if self.batch_size < 1:
+            raise ValueError(f"--batch_size {self.batch_size}: give at least 1")
+        try:
+            device = torch.device(self.device)
+        except RuntimeError:
+            raise ValueError(f"--device {self.device!r} is not a torch device: use cpu, cuda or cuda:N") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"--device {self.device}: torch sees no CUDA GPU here "
+                             f"({'a CPU-only build' if torch.version.cuda is None else 'none visible'}): use --device cpu")
+
 
 def load_for_eval(spec: str, device: str, dtype: str, teacher: bool = False, trust_remote_code: bool = False):
     """(model, tokenizer) through linzoo's loaders, moved to the device/dtype and in eval mode."""

@@ -240,6 +240,7 @@ class HeadsArguments(ModelArguments):
     seed: int = 0
 
     def __post_init__(self):
+        super().__post_init__()
         if self.samples < 1:
             raise ValueError(f"--samples {self.samples}: give at least 1 (10 or more for a stable score)")
         try:
@@ -251,9 +252,9 @@ class HeadsArguments(ModelArguments):
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from transformers import HfArgumentParser
+    from linzoo.arguments import parse_arguments
 
-    (args,) = HfArgumentParser(HeadsArguments).parse_args_into_dataclasses(args=argv)
+    (args,) = parse_arguments(HeadsArguments, argv)
     def evaluate(spec, out, model, tokenizer):
         results = score_heads(model, tokenizer, args.lengths, args.samples, ablation=args.ablation, seed=args.seed,
                               model_name=spec)

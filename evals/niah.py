@@ -455,6 +455,7 @@ class NiahArguments(ModelArguments):
     max_new_tokens: int | None = field(default=None, metadata={"help": "default: 16 for a pass key, 48 for a uuid"})
 
     def __post_init__(self):
+        super().__post_init__()
         # checked here, before any model loads (the grid itself is built only after loading)
         if get_variant(self.variant).haystack != "prose" and self.filler is not None:
             raise ValueError(f"--filler is the natural variant's prose; --variant {self.variant} hides the needle "
@@ -480,9 +481,9 @@ class NiahArguments(ModelArguments):
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from transformers import HfArgumentParser
+    from linzoo.arguments import parse_arguments
 
-    (args,) = HfArgumentParser(NiahArguments).parse_args_into_dataclasses(args=argv)
+    (args,) = parse_arguments(NiahArguments, argv)
     def evaluate(spec, out, model, tokenizer):
         r = run_niah(model, tokenizer, args.lengths, args.depths, args.variant, args.samples_per_cell,
                      args.batch_size, args.filler, args.seed, args.max_new_tokens, model_name=spec)

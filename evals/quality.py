@@ -391,6 +391,7 @@ class QualityArguments(ModelArguments):
                 "(--teacher is then needed only for the held-out KL)"})
 
     def __post_init__(self):  # checked here, before any model loads
+        super().__post_init__()
         for task in parse_list(self.tasks, str):
             _check_task(task)
         if self.data_dir is not None:
@@ -399,9 +400,9 @@ class QualityArguments(ModelArguments):
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from transformers import HfArgumentParser
+    from linzoo.arguments import parse_arguments
 
-    (args,) = HfArgumentParser(QualityArguments).parse_args_into_dataclasses(args=argv)
+    (args,) = parse_arguments(QualityArguments, argv)
     teacher_results = json.loads(Path(args.teacher_results).read_text()) if args.teacher_results else None
     model, tokenizer = load_for_eval(args.model, args.device, args.dtype, trust_remote_code=args.trust_remote_code)
     teacher, teacher_tokenizer = (load_for_eval(args.teacher, args.device, args.dtype, teacher=True,

@@ -84,8 +84,9 @@ def main(argv=None):
         name = " ".join(argv[:words])
         if len(argv) >= words and name in COMMANDS:
             return run(name, argv[words:], debug)
-    print(usage(), file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
-    return 0 if argv[:1] in (["-h"], ["--help"]) else 2
+    wants_help = bool(argv) and argv[-1] in ("-h", "--help")  # `linzoo --help`, `linzoo eval --help`
+    print(usage(), file=sys.stdout if wants_help else sys.stderr)
+    return 0 if wants_help else 2
 
 
 if __name__ == "__main__":

@@ -129,13 +129,14 @@ def check_epochs(cfg, steps, rows):
 
 
 def parse_config(dataclass_types, argv):
-    """TrlParser's `parse_args_and_config` (defaults < YAML --config < flags); a YAML syntax error becomes a
-    ValueError naming the file and the position."""
+    """TrlParser's `parse_args_and_config` (defaults < YAML --config < flags) with linzoo's one-line errors
+    (`linzoo.arguments`); a YAML syntax error becomes a ValueError naming the file and the position."""
     import yaml
-    from trl import TrlParser
+
+    from linzoo.arguments import parse_arguments
 
     try:
-        return TrlParser(dataclass_types).parse_args_and_config(argv)
+        return parse_arguments(dataclass_types, argv, config=True)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark else "the file"
