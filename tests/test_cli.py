@@ -41,6 +41,7 @@ RUNS = {
     "misspelt flag": ["eval", "niah", "--lenghts", "256"],
     "misspelt YAML key": ["linearize", "--config", "{data}/typo.yaml"],
     "bad YAML value": ["linearize", "--config", "{data}/bad-value.yaml"],
+    "Space missing model": ["space", "--models", "/no/such,embedded"],
     "unknown dtype": ["eval", "niah", "--dtype", "fp8"],
     "zero batch": ["eval", "quality", "--batch_size", "0"],
     **({} if torch.cuda.is_available() else {"CUDA without a GPU": ["eval", "heads", "--device", "cuda"]}),
@@ -116,6 +117,7 @@ EXPECTED = {
     "misspelt flag": ("linzoo eval niah: error: unknown option --lenghts (did you mean --lengths?)",),
     "misspelt YAML key": ("linzoo linearize: error: unknown key in the --config file: mixr (did you mean mixer?)",),
     "bad YAML value": ("linzoo linearize: error: argument --total_tokens", "'lots'"),
+    "Space missing model": ("linzoo space: error: --models: '/no/such'", "config.json"),  # it served, then failed
     "unknown dtype": ("linzoo eval niah: error: --dtype 'fp8'", "float32, bfloat16"),  # was AttributeError from torch
     "zero batch": ("linzoo eval quality: error: --batch_size 0", "at least 1"),  # was "range() arg 3 must not be zero"
     "CUDA without a GPU": ("linzoo eval heads: error: --device cuda", "--device cpu"),  # was torch's AssertionError

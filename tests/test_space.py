@@ -17,6 +17,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+import zipfile
 from pathlib import Path
 
 import gradio
@@ -391,6 +392,9 @@ def test_planned_space_installs_from_its_requirements_alone_and_serves(tiny_stud
     that venv serves the page and answers a query. The Hub serves the wheel's URL from the Space repo; here the
     same file on disk stands in for it."""
     wheel = plan.build_wheel(tmp_path / "dist")
+    # an installed (not editable) linzoo's push-zoo plans the Space from the package's own spaces/niah
+    assert {f"linzoo/spaces/niah/{name}" for name in ("app.py", "README.md", "requirements.txt")} <= set(
+        zipfile.ZipFile(wheel).namelist())
     planned = plan.plan_space(SPACE_DIR, "tester/linzoo-niah", [str(tiny_student_dir)], {}, wheel)
     assert planned.ok, planned.describe()
     repo = tmp_path / "space-repo"

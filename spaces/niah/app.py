@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     """`python app.py` on the Hub (no flags: its environment says everything), `linzoo space [flags]` locally."""
     host, port = space.apply_flags(argv)
     results = space.results_paths()
-    space.launch(build_demo(space.default_models(), results), results, host, port)
+    space.launch(build_demo(space.check_models(space.default_models()), results), results, host, port)
     return 0
 
 

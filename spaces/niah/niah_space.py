@@ -66,6 +66,21 @@ def default_models() -> list[str]:
     return [DEFAULT_FOLDER, "embedded"] if (Path(DEFAULT_FOLDER) / "config.json").is_file() else ["embedded"]
 
 
+def check_models(models: list[str]) -> list[str]:
+    """`models`, once each local one is a model: a folder with config.json or a .gguf file (Hub ids and 'embedded'
+    are loaded, and reported, when a visitor first picks them). A ValueError names the first that is not."""
+    for spec in models:
+        path = Path(spec).expanduser()
+        hub_id = spec.count("/") == 1 and not spec.startswith((".", "/", "~")) and not path.exists()
+        if spec == "embedded" or hub_id:
+            continue
+        if not ((path / "config.json").is_file() or (spec.endswith(".gguf") and path.is_file())):
+            raise ValueError(f"--models: {spec!r} is not a model folder (none with a config.json), a .gguf file, a Hub "
+                             "id (org/name) or 'embedded': fix the path, or train the main job's student first "
+                             "(runs/main)")
+    return models
+
+
 def results_paths() -> list[Path]:
     """$LINZOO_SPACE_RESULTS, else the `results/` folder of the working directory (the Space repo)."""
     return [Path(p) for p in _env_list("LINZOO_SPACE_RESULTS") or ["results"]]
