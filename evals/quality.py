@@ -88,7 +88,14 @@ def load_tasks(tasks, data_dir: str | os.PathLike | None = None) -> dict:
         data_dir = str(data_dir)
         check_data_dir(data_dir, tasks)
     names = {task: local_task(task) if data_dir is not None else task for task in tasks}
-    loaded = task_manager(data_dir).load(list(names.values()))["tasks"]
+    try:
+        loaded = task_manager(data_dir).load(list(names.values()))["tasks"]
+    except OSError as err:  # lm-eval's own tasks download their datasets (datasets' ConnectionError, offline mode)
+        if data_dir is not None:
+            raise
+        raise ValueError(f"lm-eval's own tasks ({', '.join(tasks)}) read their Hub datasets, which could not be reached "
+                         f"({err}): pass --data_dir, a folder of the five .jsonl sets (evals/LM_EVAL.md), or set "
+                         "$EVAL_DATA") from None
     return {task: loaded[name] for task, name in names.items()}
 
 
@@ -382,7 +389,7 @@ class QualityArguments(ModelArguments):
     out: str = field(default="outputs/quality", metadata={"help": "output folder"})
     tasks: str = field(default=",".join(TASKS), metadata={"help": "comma-separated task names"})
     data_dir: str | None = field(default=None, metadata={
-        "help": "folder of <task>.jsonl; default: lm-eval's own tasks on the Hub datasets"})
+        "help": "folder of <task>.jsonl; default: $EVAL_DATA, else lm-eval's own tasks on the Hub datasets"})
     limit: int | None = field(default=None, metadata={"help": "first N docs per task (default: all)"})
     heldout: str = field(default="embedded", metadata={"help": "held-out texts: linzoo.data spec or .txt path"})
     heldout_tokens: int = field(default=16384, metadata={"help": "perplexity token budget (0 = skip)"})
@@ -394,6 +401,7 @@ class QualityArguments(ModelArguments):
         super().__post_init__()
         for task in parse_list(self.tasks, str):
             _check_task(task)
+        self.data_dir = self.data_dir or os.environ.get("EVAL_DATA") or None
         if self.data_dir is not None:
             check_data_dir(self.data_dir, parse_list(self.tasks, str))
         check_out_dir(self.out)

@@ -4,6 +4,7 @@ NIAH's own tests: tests/test_niah.py)."""
 
 import json
 import math
+import os
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -270,3 +271,16 @@ def test_mains_write_results(tmp_path, monkeypatch):
                            "--out", str(tmp_path / "q2")])
     assert reused["teacher_tasks"] == results["teacher_tasks"] and reused["recovery"] == results["recovery"]
     assert reused["teacher"] == "t" and reused["kl_to_teacher"] is None
+
+
+def test_offline_without_data_dir_says_what_to_pass():
+    """lm-eval's own tasks need the Hub: offline, `linzoo eval quality` ended in "unexpected ConnectionError:
+    Couldn't reach 'baber/piqa'" (after ~40 s of retries without HF_HUB_OFFLINE)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "EVAL_DATA"} | {"HF_HUB_OFFLINE": "1"}
+    code = "from linzoo.evals import quality; quality.load_tasks(['piqa'])"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 1 and "ValueError: lm-eval's own tasks (piqa) read their Hub datasets" in run.stderr
+    assert "pass --data_dir" in run.stderr.splitlines()[-1]
