@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -44,7 +45,9 @@ RUNS = {
     "Space missing model": ["space", "--models", "/no/such,embedded"],
     "unknown dtype": ["eval", "niah", "--dtype", "fp8"],
     "zero batch": ["eval", "quality", "--batch_size", "0"],
-    **({} if torch.cuda.is_available() else {"CUDA without a GPU": ["eval", "heads", "--device", "cuda"]}),
+    **({} if torch.cuda.is_available() else {"CUDA without a GPU": ["eval", "heads", "--device", "cuda"],
+                                             "GPU recipe on a CPU": ["linearize", "--config",
+                                                                     "{repo}/recipes/135m/linearize.yaml"]}),
     "--debug": ["eval", "niah", "--lengths", "-5", "--debug"],
     "LINZOO_DEBUG=1": (["eval", "niah", "--lengths", "-5"], "1"),
 }
@@ -72,7 +75,8 @@ def runs(tmp_path_factory, tiny_student_dir, tiny_teacher_dir):
         env.update(LINZOO_CACHE=str(cwd / "linzoo-cache"), HF_HUB_OFFLINE="1")
         if debug:
             env["LINZOO_DEBUG"] = debug
-        args = [a.format(data=data, student=tiny_student_dir, teacher=tiny_teacher_dir) for a in args]
+        args = [a.format(data=data, student=tiny_student_dir, teacher=tiny_teacher_dir,
+                         repo=Path(__file__).resolve().parents[1]) for a in args]
         started[name] = (cwd, subprocess.Popen([sys.executable, "-m", "linzoo.cli", *args], cwd=cwd, env=env,
                                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     results = {}
@@ -121,6 +125,7 @@ EXPECTED = {
     "unknown dtype": ("linzoo eval niah: error: --dtype 'fp8'", "float32, bfloat16"),  # was AttributeError from torch
     "zero batch": ("linzoo eval quality: error: --batch_size 0", "at least 1"),  # was "range() arg 3 must not be zero"
     "CUDA without a GPU": ("linzoo eval heads: error: --device cuda", "--device cpu"),  # was torch's AssertionError
+    "GPU recipe on a CPU": ("linzoo linearize: error: --bf16 true", "--bf16 false"),  # was "assign use_cpu"
 }
 
 

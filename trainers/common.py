@@ -99,9 +99,14 @@ class ChatRunArguments(RunArguments):
 
 
 def default_bf16(cfg):
-    """TRL defaults to bf16, which a CPU-only machine rejects: use it only where the GPU supports it."""
+    """TRL defaults to bf16, which a CPU-only machine rejects: use it only where the GPU supports it. Set true (the GPU
+    recipes do) where it is not supported, it gets a line naming the flag; transformers' own says 'assign use_cpu'."""
+    supported = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     if cfg.bf16 is None:
-        cfg.bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported() and not cfg.fp16
+        cfg.bf16 = supported and not cfg.fp16
+    elif cfg.bf16 and not supported and not getattr(cfg, "use_cpu", False):
+        raise ValueError("--bf16 true (the GPU recipes' setting) needs a GPU with bf16, and none is visible here: "
+                         "pass --bf16 false to train in fp32 on this machine")
 
 
 def rows_per_step(cfg):
