@@ -1,13 +1,16 @@
-"""Retrieval of the fitted start, no training: for each hybrid (softmax layers kept) x sliding window, the student
-`linzoo.linearize` builds from the embedded SmolLM2-135M-Instruct (Gated DeltaNet, fitted on the first 4,096 training
-tokens in 512-token rows, as `linzoo linearize` does), measured as `scripts/cpu_ablation.sh` measures a trained row:
+"""Retrieval of the fitted start, no training: for each hybrid (softmax layers kept) x sliding window x sparse cache,
+the student `linzoo.linearize` builds from the embedded SmolLM2-135M-Instruct (Gated DeltaNet, fitted on the first
+4,096 training tokens in 512-token rows, as `linzoo linearize` does), measured as `scripts/cpu_ablation.sh` measures a
+trained row:
 held-out perplexity and KL beside the teacher (2,048 tokens of the embedded test split, 1,024-token blocks), passkey
 NIAH at 256 and 512 tokens (depths 0, 0.5, 1 x SAMPLES prompts, default 10) and the teacher-forced log-probability of
 the key's tokens on the same prompts (chance -2.30). One JSON line per configuration on stdout.
 
-    python scripts/retrieval_start.py 'auto3_w64:17,18,23:64' 'pure::0' >> results/recipe/cpu/retrieval.jsonl
+    python scripts/retrieval_start.py 'auto3_w64:17,18,23:64' 'pure::0' 'pure_s64::0:64' \
+        >> results/recipe/cpu/retrieval.jsonl
 
-Each argument is NAME:LAYERS:WINDOW (LAYERS comma-separated, empty for none; WINDOW 0 for none)."""
+Each argument is NAME:LAYERS:WINDOW[:SPARSE] (LAYERS comma-separated, empty for none; WINDOW 0 for none; SPARSE the
+sparse cache's size, `sparse_cache_size`, 0 or left out for none)."""
 
 import json
 import os
@@ -44,22 +47,24 @@ def main(specs):
     configs = []
     for spec in specs:
         try:
-            name, layers, window = spec.split(":")
-            configs.append((name, [int(l) for l in layers.split(",") if l], int(window)))
-        except ValueError:
-            sys.exit(f"retrieval_start: {spec!r} is not NAME:LAYERS:WINDOW (e.g. auto3_w64:17,18,23:64 or pure::0)")
+            name, layers, window, *sparse = spec.split(":")
+            configs.append((name, [int(l) for l in layers.split(",") if l], int(window), int(*sparse or [0])))
+        except (ValueError, TypeError):
+            sys.exit(f"retrieval_start: {spec!r} is not NAME:LAYERS:WINDOW[:SPARSE] (e.g. auto3_w64:17,18,23:64, "
+                     "pure::0 or pure_s64::0:64)")
     teacher, tok = linzoo.load_teacher("embedded")
     teacher.eval()
     calibration = calibration_ids(load_text_dataset("embedded", split="train"), tok)
     texts = load_texts("embedded", split="test")
-    for name, layers, window in configs:
+    for name, layers, window, sparse in configs:
         start = time.time()
         torch.manual_seed(0)
         student = linzoo.linearize(teacher, "gated_deltanet", calibration=calibration, attn_layers=layers,
-                                   window_size=window).eval()
+                                   window_size=window, sparse_cache_size=sparse).eval()
         quality = heldout_metrics(student, tok, texts, 2048, teacher, batch_size=4)
         print(json.dumps({
-            "name": name, "attn_layers": layers, "window_size": window, "trained_tokens": 0,
+            "name": name, "attn_layers": layers, "window_size": window, "sparse_cache_size": sparse,
+            "trained_tokens": 0,
             "perplexity": round(quality["perplexity"], 2),
             "teacher_perplexity": round(quality["teacher_perplexity"], 2),
             "ratio": round(quality["perplexity"] / quality["teacher_perplexity"], 3),
