@@ -401,6 +401,9 @@ class QualityArguments(ModelArguments):
         super().__post_init__()
         for task in parse_list(self.tasks, str):
             _check_task(task)
+        if self.teacher_results is not None and not Path(self.teacher_results).is_file():
+            raise ValueError(f"--teacher_results {self.teacher_results} is not a file: pass the quality.json that "
+                             "`linzoo eval quality --model <teacher>` wrote")
         self.data_dir = self.data_dir or os.environ.get("EVAL_DATA") or None
         if self.data_dir is not None:
             check_data_dir(self.data_dir, parse_list(self.tasks, str))
@@ -421,11 +424,15 @@ def main(argv: list[str] | None = None) -> dict:
                                teacher_results)
     json_path, _ = save_quality(results, args.out)
     summary = {t: round(s[results["recovery_metric"][t]], 4) for t, s in results["tasks"].items()}
-    chance = results["chance_recovery"] and results["chance_recovery"]["average"]
-    above = with_stderr(*_average_and_stderr(results["recovery_above_chance"]))
-    recovery = results["recovery"] and results["recovery"]["average"]
-    print(f"{args.model}: {summary} recovery above chance={above} recovery={recovery} (a uniform guess: {chance}) "
-          f"-> {json_path}")
+    if results["teacher_tasks"] is None:
+        versus = "(no --teacher or --teacher_results: no recovery)"
+    else:
+        chance, recovery = results["chance_recovery"]["average"], results["recovery"]["average"]
+        above = _average_and_stderr(results["recovery_above_chance"])
+        above = with_stderr(*above) if above[0] is not None else "n/a (the teacher is near chance on every task)"
+        versus = (f"recovery above chance={above} "
+                  f"recovery={measured(recovery, '{:.1f}%')} (a uniform guess: {measured(chance, '{:.1f}%')})")
+    print(f"{args.model}: {summary} {versus} -> {json_path}")
     return results
 
 

@@ -45,6 +45,7 @@ RUNS = {
     "Space missing model": ["space", "--models", "/no/such,embedded"],
     "unknown dtype": ["eval", "niah", "--dtype", "fp8"],
     "zero batch": ["eval", "quality", "--batch_size", "0"],
+    "missing teacher results": ["eval", "quality", "--teacher_results", "/no/such.json"],
     **({} if torch.cuda.is_available() else {"CUDA without a GPU": ["eval", "heads", "--device", "cuda"],
                                              "GPU recipe on a CPU": ["linearize", "--config",
                                                                      "{repo}/recipes/135m/linearize.yaml"]}),
@@ -124,6 +125,7 @@ EXPECTED = {
     "Space missing model": ("linzoo space: error: --models: '/no/such'", "config.json"),  # it served, then failed
     "unknown dtype": ("linzoo eval niah: error: --dtype 'fp8'", "float32, bfloat16"),  # was AttributeError from torch
     "zero batch": ("linzoo eval quality: error: --batch_size 0", "at least 1"),  # was "range() arg 3 must not be zero"
+    "missing teacher results": ("linzoo eval quality: error: --teacher_results /no/such.json is not a file",),
     "CUDA without a GPU": ("linzoo eval heads: error: --device cuda", "--device cpu"),  # was torch's AssertionError
     "GPU recipe on a CPU": ("linzoo linearize: error: --bf16 true", "--bf16 false"),  # was "assign use_cpu"
 }
