@@ -43,6 +43,8 @@ RUNS = {
     "misspelt YAML key": ["linearize", "--config", "{data}/typo.yaml"],
     "bad YAML value": ["linearize", "--config", "{data}/bad-value.yaml"],
     "Space missing model": ["space", "--models", "/no/such,embedded"],
+    "ignored learning rate": ["linearize", "--learning_rate", "5"],
+    "ignored max_steps": ["sft", "--model_name_or_path", "{student}", "--max_steps", "1"],
     "unknown dtype": ["eval", "niah", "--dtype", "fp8"],
     "zero batch": ["eval", "quality", "--batch_size", "0"],
     "missing teacher results": ["eval", "quality", "--teacher_results", "/no/such.json"],
@@ -123,6 +125,9 @@ EXPECTED = {
     "misspelt YAML key": ("linzoo linearize: error: unknown key in the --config file: mixr (did you mean mixer?)",),
     "bad YAML value": ("linzoo linearize: error: argument --total_tokens", "'lots'"),
     "Space missing model": ("linzoo space: error: --models: '/no/such'", "config.json"),  # it served, then failed
+    # trained on, silently with the stage learning rates / the token budget's steps
+    "ignored learning rate": ("linzoo linearize: error: --learning_rate 5.0 has no effect", "--stage_learning_rates"),
+    "ignored max_steps": ("linzoo sft: error: --max_steps 1 has no effect", "--total_tokens"),
     "unknown dtype": ("linzoo eval niah: error: --dtype 'fp8'", "float32, bfloat16"),  # was AttributeError from torch
     "zero batch": ("linzoo eval quality: error: --batch_size 0", "at least 1"),  # was "range() arg 3 must not be zero"
     "missing teacher results": ("linzoo eval quality: error: --teacher_results /no/such.json is not a file",),

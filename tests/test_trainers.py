@@ -465,6 +465,23 @@ def test_a_run_stopped_by_bad_input_leaves_its_folder_to_the_corrected_command(t
     assert linearize.main(argv) == 0 and _record(out)["mixer"] == "gated_deltanet"
 
 
+def test_a_run_never_writes_into_the_model_it_reads(finished_run, tiny_corpus, tmp_path):
+    """sft --output_dir = --model_name_or_path was refused as "another run", and the refusal's own advice,
+    --overwrite_output_dir true, then deleted the student it was to tune."""
+    import shutil
+
+    from linzoo.trainers import sft
+
+    base = shutil.copytree(finished_run[0], tmp_path / "base")
+    before = sorted(p.name for p in base.iterdir())
+    common = ["--dataset", str(tiny_corpus / "chat.jsonl"), "--total_tokens", "128", "--max_seq_length", "64",
+              "--per_device_train_batch_size", "2", "--overwrite_output_dir", "true"]
+    for out in (base, tmp_path):  # the model's own folder, and one that holds it
+        with pytest.raises(ValueError, match=r"--output_dir .* the model it reads \(--model_name_or_path"):
+            sft.main(["--model_name_or_path", str(base), "--output_dir", str(out), *common])
+    assert sorted(p.name for p in base.iterdir()) == before
+
+
 def test_sft_and_distill_instruct_refuse_a_folder_of_other_arguments(finished_run, tiny_teacher_dir, tiny_corpus,
                                                                      tmp_path):
     from linzoo.trainers import distill_instruct, sft

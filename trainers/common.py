@@ -94,8 +94,22 @@ class ChatRunArguments(RunArguments):
         if self.max_seq_length <= 0 or self.total_tokens <= 0:
             raise ValueError("max_seq_length and total_tokens must be positive.")
         self.max_length = self.max_seq_length
+        refuse_unused(self, BUDGET_FLAGS)
         default_bf16(self)
         self.check_run()
+
+
+def refuse_unused(cfg, unused: dict[str, str]):
+    """A TrainingArguments field this command sets itself ({name: the flag that does it}), given another value than its
+    default: one line naming the flag that counts, where the value was silently replaced."""
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
+    for name, instead in unused.items():
+        if getattr(cfg, name) != defaults[name]:
+            raise ValueError(f"--{name} {getattr(cfg, name)} has no effect here: {instead}")
+
+
+BUDGET_FLAGS = {"max_steps": "the budget is --total_tokens (steps follow from it)",
+                "num_train_epochs": "the budget is --total_tokens (epochs follow from it)"}
 
 
 def default_bf16(cfg):
@@ -203,19 +217,33 @@ def _only_the_record(out: Path) -> bool:
     return [p.name for p in out.iterdir() if not p.name.startswith(".")] == [RUN_FILE]
 
 
+def check_apart(out: Path, reads: dict[str, str | None]):
+    """The run's folder is none of the model folders it reads, nor holds one: --overwrite_output_dir would delete it
+    (and a plain rerun would mix the run's files into it)."""
+    for flag, spec in reads.items():
+        if not spec or not Path(spec).expanduser().exists():
+            continue  # a Hub id, 'embedded'
+        read = Path(spec).expanduser().resolve()
+        if read == out.resolve() or out.resolve() in read.parents:
+            raise ValueError(f"--output_dir {out} {'is' if read == out.resolve() else 'holds'} the model it reads "
+                             f"(--{flag} {spec}): pick another --output_dir (e.g. a sibling folder)")
+
+
 @contextlib.contextmanager
-def run_folder(cfg, command, arguments):
+def run_folder(cfg, command, arguments, reads: dict[str, str | None] | None = None):
     """Holds `cfg.output_dir` for the run of `command` with `arguments` (`run_arguments`), before any work: a folder
     that cannot be written fails at once; one in use by another run, or holding a run with other arguments (whose
     stages and checkpoints would be reused), is refused, unless --overwrite_output_dir starts over. The arguments are
     recorded at the start, so a killed run is held to them too; a run that fails before writing anything else (bad
-    input) takes its record back, so that the corrected command can use the folder."""
+    input) takes its record back, so that the corrected command can use the folder. `reads` ({flag: model spec}) are
+    the folders the run reads from, which it may not be (`check_apart`)."""
     from filelock import FileLock, Timeout
 
     if int(os.environ.get("RANK", 0)) != 0:  # one claimant under torchrun / accelerate launch
         yield
         return
     out = Path(cfg.output_dir)
+    check_apart(out, reads or {})
     try:
         out.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=out).close()

@@ -22,7 +22,8 @@ def main(argv=None):
     args, model_args = parse_config((InstructDistillConfig, ModelConfig), argv)
     if not model_args.model_name_or_path:
         raise ValueError("Pass the student to distill: --model_name_or_path <folder or Hub id>.")
-    with run_folder(args, "distill-instruct", run_arguments(args, model_args)):
+    with run_folder(args, "distill-instruct", run_arguments(args, model_args),
+                    {"model_name_or_path": model_args.model_name_or_path, "teacher": args.teacher}):
         model, tokenizer = load_model(model_args.model_name_or_path)
         teacher, _ = load_teacher(args.teacher)
         check_same_vocab(model, teacher)

@@ -147,7 +147,7 @@ def attn_layers_choice(out: Path, args, layers) -> dict | None:
 
 
 def linearize_run(args: LinearizeConfig):
-    with run_folder(args, "linearize", run_arguments(args)):
+    with run_folder(args, "linearize", run_arguments(args), {"teacher": args.teacher}):
         return _linearize(args)
 
 

@@ -30,7 +30,8 @@ def main(argv=None):
     args, model_args = parse_config((LinzooSFTConfig, ModelConfig), argv)
     if not model_args.model_name_or_path:
         raise ValueError("Pass the student to tune: --model_name_or_path <folder or Hub id>.")
-    with run_folder(args, "sft", run_arguments(args, model_args)):
+    with run_folder(args, "sft", run_arguments(args, model_args),
+                    {"model_name_or_path": model_args.model_name_or_path}):
         model, tokenizer = load_model(model_args.model_name_or_path)
         args.max_steps, _ = steps_for_tokens(args.total_tokens, args, args.max_seq_length)
         trainer = SFTTrainer(
