@@ -11,7 +11,6 @@ config.json, linzoo_training.json and trainer_state.json when present. Anything 
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
@@ -19,6 +18,7 @@ from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from linzoo.arguments import ArgumentParser
 from linzoo.evals.common import EVAL_DIR
 from linzoo.evals.registry import all_evals
 from linzoo.formatting import NOT_MEASURED, format_bytes, measured
@@ -181,7 +181,7 @@ def build_card(folder, repo_id: str | None = None, base_model: str | None = None
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="linzoo card", description="Write <folder>/README.md from measured results.")
+    parser = ArgumentParser(prog="linzoo card", description="Write <folder>/README.md from measured results.")
     parser.add_argument("folder", type=Path)
     parser.add_argument("--repo-id", help="the Hub repo the card is for (usage snippet and model-index name)")
     parser.add_argument("--base-model", help="Hub id of the parent (default: the recorded teacher / parent)")

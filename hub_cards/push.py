@@ -11,15 +11,16 @@ subfolders (stage checkpoints) stay home. Nothing is sent unless every check of 
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
+
+from linzoo.arguments import ArgumentParser
 
 from .plan import (ReleaseError, add_existing_repo_flags, check_repo_id, hub_error, hub_token, plan_checkpoint,
                    repo_exists, upload)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="linzoo push", description="Upload one checkpoint folder to the Hub.")
+    parser = ArgumentParser(prog="linzoo push", description="Upload one checkpoint folder to the Hub.")
     parser.add_argument("folder", type=Path)
     parser.add_argument("--repo-id", required=True, help="ORG/NAME of the model repo")
     parser.add_argument("--private", action="store_true", help="create the repo private")

@@ -14,11 +14,11 @@ mixer (said so in the plan).
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 from pathlib import Path
 
 from linzoo import MIXERS
+from linzoo.arguments import ArgumentParser
 from linzoo.evals.common import EVAL_DIR
 from linzoo.spaces import niah
 
@@ -67,7 +67,7 @@ def base_models(found: dict, org: str) -> dict[tuple[str, str], tuple[str | None
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="linzoo push-zoo", description="Upload the whole zoo, its Space and a "
+    parser = ArgumentParser(prog="linzoo push-zoo", description="Upload the whole zoo, its Space and a "
                                                                          "collection (dry run unless --execute).")
     parser.add_argument("root", type=Path, help="folder holding <mixer>/<stage> checkpoint folders")
     parser.add_argument("--org", required=True, help="Hub user or organisation")

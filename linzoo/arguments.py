@@ -23,7 +23,8 @@ def _one_line(base):
 
 def _unknown(parser, words: list[str], source: str) -> str:
     """'unknown option --mixr (did you mean --mixer?)' for what the parser left over."""
-    known = [s for action in parser._actions for s in action.option_strings if s.startswith("--")]
+    known = [next(s for s in action.option_strings if s.startswith("--")) for action in parser._actions
+             if any(s.startswith("--") for s in action.option_strings)]  # each option's first (canonical) spelling
     flags = [w.split("=")[0] for w in words if w.startswith("-")]
     if not flags:
         return f"unexpected argument {' '.join(words)!r}: every option is a --flag (`{parser.prog} --help`)"
@@ -64,3 +65,30 @@ def parse_arguments(dataclass_types, argv: list[str] | None, config: bool = Fals
     if from_flags:
         raise ValueError(_unknown(parser, from_flags, "flags"))
     return tuple(parsed)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse for the commands that are not dataclasses (card, push, push-zoo, space), with the same one-line
+    errors, "did you mean" for an unknown flag (before argparse's own "required" error hides it), and each
+    --dashed-option also taken as --underscored_option, as the trainers' and evals' options are."""
+
+    def error(self, message):
+        raise ValueError(f"{message} (`{self.prog} --help` lists the options)")
+
+    def parse_args(self, args=None, namespace=None):
+        import sys
+
+        known = {s for action in self._actions for s in action.option_strings}
+        args, unknown = list(sys.argv[1:] if args is None else args), []
+        for i, arg in enumerate(args):
+            name, eq, value = arg.partition("=")
+            if not name.startswith("--") or name in known:
+                continue
+            dashed = "--" + name[2:].replace("_", "-")
+            if dashed in known:
+                args[i] = dashed + eq + value
+            elif not any(k.startswith(name) for k in known):  # argparse takes a unique prefix
+                unknown.append(arg)
+        if unknown:
+            raise ValueError(_unknown(self, unknown, "flags"))
+        return super().parse_args(args, namespace)

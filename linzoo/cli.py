@@ -85,6 +85,14 @@ def main(argv=None):
         if len(argv) >= words and name in COMMANDS:
             return run(name, argv[words:], debug)
     wants_help = bool(argv) and argv[-1] in ("-h", "--help")  # `linzoo --help`, `linzoo eval --help`
+    if argv and not argv[0].startswith("-") and not (argv[0] == "eval" and (len(argv) == 1 or wants_help)):
+        import difflib
+
+        name = " ".join(argv[:2]) if argv[0] == "eval" else argv[0]
+        close = difflib.get_close_matches(name, COMMANDS, n=1, cutoff=0.6)
+        print(f"linzoo: unknown command {name!r}{f' (did you mean {close[0]!r}?)' if close else ''}: `linzoo --help` "
+              "lists the commands", file=sys.stderr)
+        return 2
     print(usage(), file=sys.stdout if wants_help else sys.stderr)
     return 0 if wants_help else 2
 

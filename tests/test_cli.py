@@ -44,6 +44,10 @@ RUNS = {
     "bad YAML value": ["linearize", "--config", "{data}/bad-value.yaml"],
     "Space missing model": ["space", "--models", "/no/such,embedded"],
     "ignored learning rate": ["linearize", "--learning_rate", "5"],
+    "unknown command": ["lineariz", "--mixer", "gla"],
+    "unknown eval": ["eval", "nia"],
+    "misspelt push-zoo flag": ["push-zoo", "--orgg", "me"],
+    "push underscore spelling": ["push", "/no/such", "--repo_id", "a/b", "--dry_run"],
     "ignored max_steps": ["sft", "--model_name_or_path", "{student}", "--max_steps", "1"],
     "unknown dtype": ["eval", "niah", "--dtype", "fp8"],
     "zero batch": ["eval", "quality", "--batch_size", "0"],
@@ -127,6 +131,13 @@ EXPECTED = {
     "Space missing model": ("linzoo space: error: --models: '/no/such'", "config.json"),  # it served, then failed
     # trained on, silently with the stage learning rates / the token budget's steps
     "ignored learning rate": ("linzoo linearize: error: --learning_rate 5.0 has no effect", "--stage_learning_rates"),
+    # the 15-line command list, never saying the command was unknown
+    "unknown command": ("linzoo: unknown command 'lineariz' (did you mean 'linearize'?)", "linzoo --help"),
+    "unknown eval": ("linzoo: unknown command 'eval nia' (did you mean 'eval niah'?)",),
+    # argparse's usage block, then "the following arguments are required: --org"
+    "misspelt push-zoo flag": ("linzoo push-zoo: error: unknown option --orgg (did you mean --org?)",),
+    # --repo_id / --dry_run are spelt as the trainers' flags are: the folder is what is wrong here
+    "push underscore spelling": ("linzoo push: error: /no/such",),
     "ignored max_steps": ("linzoo sft: error: --max_steps 1 has no effect", "--total_tokens"),
     "unknown dtype": ("linzoo eval niah: error: --dtype 'fp8'", "float32, bfloat16"),  # was AttributeError from torch
     "zero batch": ("linzoo eval quality: error: --batch_size 0", "at least 1"),  # was "range() arg 3 must not be zero"
@@ -200,6 +211,10 @@ def test_help_and_argparse_errors_keep_their_behaviour(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.main(["card", "--help"])
     assert exit_.value.code == 0 and "usage: linzoo card" in capsys.readouterr().out
-    with pytest.raises(SystemExit) as exit_:
-        cli.main(["card", "--debug"])  # --debug is taken out; the missing folder is argparse's usage error
-    assert exit_.value.code == 2 and "linzoo card: error:" in capsys.readouterr().err
+    # the missing folder is argparse's error, now one line (no usage block) like every other; --debug is taken out
+    # of the command's arguments (no "unknown option --debug") and lets the error through
+    assert cli.main(["card"]) == 2
+    assert capsys.readouterr().err == ("linzoo card: error: the following arguments are required: folder "
+                                       "(`linzoo card --help` lists the options)\n")
+    with pytest.raises(ValueError, match="required: folder"):
+        cli.main(["card", "--debug"])

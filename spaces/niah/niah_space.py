@@ -22,7 +22,6 @@ haystack of at most MAX_CUSTOM_CHARS characters.
 
 from __future__ import annotations
 
-import argparse
 import html
 import math
 import os
@@ -30,6 +29,7 @@ import threading
 from functools import lru_cache
 from pathlib import Path
 
+from linzoo.arguments import ArgumentParser
 from linzoo.evals import niah
 from linzoo.formatting import format_bytes
 from linzoo.modeling.configuration_linzoo import StateSize, state_sizes
@@ -283,7 +283,7 @@ def launch(demo, results: list[Path], host: str | None = None, port: int | None 
 def apply_flags(argv: list[str] | None = None) -> tuple[str | None, int | None]:
     """`linzoo space`'s flags: --models, --results and --filler set the environment the Hub sets; returns (host, port)
     (None: Gradio's defaults, or $GRADIO_SERVER_NAME / $GRADIO_SERVER_PORT as on the Hub)."""
-    parser = argparse.ArgumentParser(prog="linzoo space", description="Run the NIAH Gradio Space locally.")
+    parser = ArgumentParser(prog="linzoo space", description="Run the NIAH Gradio Space locally.")
     parser.add_argument("--models", help="comma-separated model specs, the only ones the Space loads (default: "
                                          "$LINZOO_SPACE_MODELS, else runs/main and embedded); the first is preselected")
     parser.add_argument("--results", help="comma-separated results folders/files (default: results/)")
