@@ -472,7 +472,7 @@ def card_results(q: dict) -> list:
 
 
 CARD_SECTION = """Zero-shot, scored by lm-eval-harness{% if quality and quality.limit %} (first {{ quality.limit }} examples per task){% endif %}.
-**This model keeps {{ above_chance }} of its teacher's skill above chance**: (s − c) / (t − c) × 100 for its score s,
+{% if above_measured %}**This model keeps {{ above_chance }} of its teacher's skill above chance**{% else %}**Recovery above chance: {{ above_chance }}**{% if quality and quality.teacher_tasks %} (the teacher is within 3 standard errors of chance on every task scored){% endif %}{% endif %}: (s − c) / (t − c) × 100 for its score s,
 the teacher's t and chance c, averaged over the tasks where the teacher is at least 3 standard errors above chance{% if quality and quality.teacher %} (teacher: {{ quality.teacher }}){% endif %};
 ± is one standard error (both models' binomial errors over the task's documents).
 Recovery = s / t × 100, the ratio often quoted, counts chance as skill.
@@ -517,6 +517,7 @@ def card_section(q: dict | None, folder: Path) -> str:
     return render(CARD_SECTION, quality=q, rows=_card_rows(q),
                   average_recovery=measured((q["recovery"] or {}).get("average") if q else None, "{:.1f}%"),
                   above_chance=with_stderr(*_average_and_stderr((q or {}).get("recovery_above_chance"))),
+                  above_measured=_average_and_stderr((q or {}).get("recovery_above_chance"))[0] is not None,
                   chance_recovery=measured(((q or {}).get("chance_recovery") or {}).get("average"), "{:.1f}%"),
                   perplexity=measured(q and q.get("perplexity"), "{:.2f}"),
                   kl=measured(q and q.get("kl_to_teacher"), "{:.4f}"))

@@ -185,13 +185,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("folder", type=Path)
     parser.add_argument("--repo-id", help="the Hub repo the card is for (usage snippet and model-index name)")
     parser.add_argument("--base-model", help="Hub id of the parent (default: the recorded teacher / parent)")
+    parser.add_argument("--overwrite", action="store_true", help="replace a README.md that linzoo card did not write")
     args = parser.parse_args(argv)
     if not args.folder.is_dir():
         raise FileNotFoundError(f"{args.folder} is not a folder: pass the checkpoint folder that `linzoo linearize`, "
                                 "`sft` or `distill-instruct` wrote (the one holding config.json)")
-    card = build_card(args.folder, args.repo_id, args.base_model)
+    if args.repo_id is not None:
+        from .plan import check_repo_id
+
+        check_repo_id(args.repo_id)
     path = args.folder / "README.md"
+    if path.is_file() and not args.overwrite and "linzoo" not in (_card_tags(path) or []):
+        raise ValueError(f"{path} is not a card linzoo wrote (no 'linzoo' tag): move it aside, or pass --overwrite "
+                         "to replace it")
+    card = build_card(args.folder, args.repo_id, args.base_model)
     card.save(path)
-    print(f"linzoo: wrote {path} ({len(card.data.eval_results or [])} eval results; "
-          f"base_model {card.data.base_model or 'left out: not a Hub id, pass --base-model'})")
+    if card.data.base_model:
+        base = card.data.base_model
+    elif args.base_model:
+        base = f"left out: --base-model {args.base_model!r} is not a Hub id (ORG/NAME)"
+    else:
+        base = "left out: the recorded parent is not a Hub id, pass --base-model ORG/NAME"
+    print(f"linzoo: wrote {path} ({len(card.data.eval_results or [])} eval results; base_model {base})")
     return 0
+
+
+def _card_tags(path: Path) -> list | None:
+    try:
+        return ModelCard.load(path).data.tags
+    except Exception:  # not a card at all (no or broken front matter): not ours
+        return None

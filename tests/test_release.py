@@ -147,6 +147,18 @@ def test_the_cards_usage_snippet_runs_as_written(student):
     assert run.stdout.strip(), "the snippet printed no generated text"
 
 
+def test_card_keeps_a_readme_it_did_not_write(student):
+    """A hand-written README.md was replaced without a word; linzoo's own card is rewritten freely."""
+    (student / "README.md").write_text("# my notes\n")
+    with pytest.raises(ValueError, match="not a card linzoo wrote .* --overwrite"):
+        card.main([str(student), "--repo-id", REPO])
+    assert (student / "README.md").read_text() == "# my notes\n"
+    assert card.main([str(student), "--repo-id", REPO, "--overwrite"]) == 0
+    assert card.main([str(student), "--repo-id", REPO]) == 0 and "linzoo" in ModelCard.load(student / "README.md").data.tags
+    with pytest.raises(plan.ReleaseError, match="not a Hub repo id"):
+        card.main([str(student), "--repo-id", "a b/c"])
+
+
 def test_the_fixtures_above_chance_recovery_is_what_quality_computes():
     computed = quality.above_chance_recovery(QUALITY["tasks"], QUALITY["teacher_tasks"], QUALITY["recovery_metric"])
     expected = QUALITY["recovery_above_chance"]
