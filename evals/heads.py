@@ -30,7 +30,7 @@ from linzoo.capture import mixer_io
 
 from .common import (EvalSpec, ModelArguments, measured, model_device, run_on_models, name_of, parse_list, render,
                      write_json)
-from .niah import build_haystack, sample_seed
+from .niah import MAX_NEW_TOKENS, build_haystack, check_positions, sample_seed
 
 SCHEMA = "linzoo.heads/v1"
 CHANCE_LOGPROB = math.log(1 / 10)  # a uniform guess over the ten digits
@@ -249,6 +249,10 @@ class HeadsArguments(ModelArguments):
             lengths = []
         if not lengths or min(lengths) < 64:
             raise ValueError(f"--lengths {self.lengths!r}: give token counts of at least 64, e.g. --lengths 512")
+        from linzoo.loading import read_config
+
+        for spec in filter(None, (self.model, self.teacher)):  # config.json only, as `linzoo eval niah` checks
+            check_positions(read_config(spec), lengths, MAX_NEW_TOKENS["passkey"], spec)  # the key, teacher-forced
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -48,13 +48,16 @@ def find_zoo(root) -> tuple[dict[tuple[str, str], Path], list[tuple[str, str]]]:
     return found, missing
 
 
-def base_models(found: dict, org: str) -> dict[tuple[str, str], tuple[str | None, str | None]]:
-    """(base_model override or None for the recorded one, a note when it is assumed) per checkpoint."""
+def base_models(found: dict, org: str, teacher: str | None = None) -> dict[tuple[str, str], tuple]:
+    """(base_model override or None for the recorded one, a note when it is assumed) per checkpoint; `teacher`
+    (--base-model) is every base student's."""
     by_path = {folder.resolve(): key for key, folder in found.items()}
     out = {}
     for (mixer, stage), folder in found.items():
         parent = checkpoint_info(folder)["parent"]
-        if stage == "base" or is_hub_id(parent):
+        if stage == "base":
+            out[mixer, stage] = (teacher, None)
+        elif is_hub_id(parent):
             out[mixer, stage] = (None, None)
         elif parent and Path(parent).resolve() in by_path:
             out[mixer, stage] = (repo_name(org, *by_path[Path(parent).resolve()]), None)
@@ -76,8 +79,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--space-dir", type=Path, default=SPACE_DIR, help="the Space folder (default: %(default)s)")
     parser.add_argument("--wheel", type=Path, help="the linzoo wheel the Space installs (default: one built from "
                                                    "this checkout)")
+    parser.add_argument("--base-model", help="Hub id of the teacher the base students were linearized from "
+                                             "(default: each one's recorded teacher)")
     add_existing_repo_flags(parser, "existing repos")
     args = parser.parse_args(argv)
+    if args.wheel is not None and not args.wheel.is_file():
+        raise ReleaseError(f"--wheel {args.wheel} is not a file: build one (pip wheel --no-deps -w dist .) or leave "
+                           "--wheel out to build it from this checkout")
+    if not (args.space_dir / "README.md").is_file() or not (args.space_dir / "app.py").is_file():
+        raise ReleaseError(f"--space-dir {args.space_dir} holds no Space (README.md and app.py): pass linzoo's "
+                           f"spaces/niah or leave --space-dir out ({SPACE_DIR})")
     with tempfile.TemporaryDirectory() as tmp:  # where the wheel is built; it lives until the upload is done
         return push_zoo(args, Path(tmp))  # a ReleaseError reaches the CLI: one line, exit 2
 
@@ -93,7 +104,12 @@ def push_zoo(args, workdir: Path) -> int:
                            f"stages {', '.join(STAGES)}).")
     print(("" if args.execute else "DRY RUN, nothing is sent\n") +
           f"zoo {args.root}: {len(found)} of {len(MIXERS) * len(STAGES)} checkpoints found")
-    bases = base_models(found, args.org)
+    for (mixer, stage), folder in found.items():  # the folder's name becomes the repo's: it must be the weights'
+        held = checkpoint_info(folder)["config"].get("mixer")
+        if held is not None and held != mixer:
+            raise ReleaseError(f"{folder} holds a {held} student, not {mixer}: it would be uploaded as "
+                               f"{repo_name(args.org, mixer, stage)}. Move it to {args.root / held / stage}.")
+    bases = base_models(found, args.org, args.base_model)
     plans = []
     for (mixer, stage), folder in found.items():
         override, note = bases[mixer, stage]

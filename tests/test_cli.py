@@ -45,6 +45,8 @@ RUNS = {
     "Space missing model": ["space", "--models", "/no/such,embedded"],
     "ignored learning rate": ["linearize", "--learning_rate", "5"],
     "unknown command": ["lineariz", "--mixer", "gla"],
+    "Space port out of range": ["space", "--port", "99999"],
+    "heads past the positions": ["eval", "heads", "--model", "{teacher}", "--lengths", "100000", "--device", "cpu"],
     "unknown eval": ["eval", "nia"],
     "misspelt push-zoo flag": ["push-zoo", "--orgg", "me"],
     "push underscore spelling": ["push", "/no/such", "--repo_id", "a/b", "--dry_run"],
@@ -134,6 +136,8 @@ EXPECTED = {
     # the 15-line command list, never saying the command was unknown
     "unknown command": ("linzoo: unknown command 'lineariz' (did you mean 'linearize'?)", "linzoo --help"),
     "unknown eval": ("linzoo: unknown command 'eval nia' (did you mean 'eval niah'?)",),
+    "Space port out of range": ("linzoo space: error: --port 99999", "1-65535"),  # was OverflowError from bind()
+    "heads past the positions": ("linzoo eval heads: error: --lengths 100000:", "512 positions"),  # was a 40 GB alloc
     # argparse's usage block, then "the following arguments are required: --org"
     "misspelt push-zoo flag": ("linzoo push-zoo: error: unknown option --orgg (did you mean --org?)",),
     # --repo_id / --dry_run are spelt as the trainers' flags are: the folder is what is wrong here

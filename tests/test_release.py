@@ -522,3 +522,20 @@ def test_push_zoo_refuses_before_uploading_anything(zoo, linzoo_wheel, fast_load
     with pytest.raises(plan.ReleaseError, match="already exists"):
         push_zoo.main([str(zoo), "--org", "tester", "--execute", "--wheel", str(linzoo_wheel)])
     assert not hub.named("create_commit") and not hub.named("create_repo")
+
+
+def test_push_zoo_refuses_a_folder_of_another_mixer_and_bad_paths(zoo, linzoo_wheel, fast_load_check, no_network,
+                                                                   capsys, tmp_path):
+    """A gated_deltanet student in zoo/linear_attn/base was planned as tester/linzoo-linear-attn-base; a missing
+    --wheel or --space-dir ended in the libraries' own errors. --base-model, which the plan's advice names, exists."""
+    shutil.move(zoo / "gated_deltanet", zoo / "linear_attn")
+    with pytest.raises(plan.ReleaseError, match=r"linear_attn/base holds a gated_deltanet student, not linear_attn"):
+        push_zoo.main([str(zoo), "--org", "tester", "--wheel", str(linzoo_wheel)])
+    shutil.move(zoo / "linear_attn", zoo / "gated_deltanet")
+    with pytest.raises(plan.ReleaseError, match="--wheel .* is not a file"):
+        push_zoo.main([str(zoo), "--org", "tester", "--wheel", str(tmp_path / "no.whl")])
+    with pytest.raises(plan.ReleaseError, match="--space-dir .* holds no Space"):
+        push_zoo.main([str(zoo), "--org", "tester", "--wheel", str(linzoo_wheel), "--space-dir", str(tmp_path)])
+    assert push_zoo.main([str(zoo), "--org", "tester", "--wheel", str(linzoo_wheel), "--base-model", "my/teacher"]) == 0
+    base = capsys.readouterr().out.split("model repo tester/linzoo-gated-deltanet-base")[1]
+    assert "    base_model: my/teacher" in base.split("model repo")[0]

@@ -94,14 +94,14 @@ class ChatRunArguments(RunArguments):
         if self.max_seq_length <= 0 or self.total_tokens <= 0:
             raise ValueError("max_seq_length and total_tokens must be positive.")
         self.max_length = self.max_seq_length
-        refuse_unused(self, BUDGET_FLAGS)
         default_bf16(self)
         self.check_run()
 
 
 def refuse_unused(cfg, unused: dict[str, str]):
     """A TrainingArguments field this command sets itself ({name: the flag that does it}), given another value than its
-    default: one line naming the flag that counts, where the value was silently replaced."""
+    default: one line naming the flag that counts, where the value was silently replaced. Called on the parsed
+    command line (the commands' own `dataclasses.replace` of a stage's arguments sets these fields)."""
     defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
     for name, instead in unused.items():
         if getattr(cfg, name) != defaults[name]:

@@ -10,8 +10,8 @@ chat), chunked over the vocabulary as in stage 3.
 
 from trl import ModelConfig, get_peft_config
 
-from .common import (chat_splits, check_same_vocab, parse_config, run_arguments, run_folder, steps_for_tokens,
-                     train_and_save)
+from .common import (BUDGET_FLAGS, chat_splits, check_same_vocab, parse_config, refuse_unused, run_arguments,
+                     run_folder, steps_for_tokens, train_and_save)
 from .distill_instruct_config import InstructDistillConfig
 from .linearize_trainer import KnowledgeDistillationTrainer
 
@@ -20,6 +20,7 @@ def main(argv=None):
     from ..loading import load_model, load_teacher
 
     args, model_args = parse_config((InstructDistillConfig, ModelConfig), argv)
+    refuse_unused(args, BUDGET_FLAGS)
     if not model_args.model_name_or_path:
         raise ValueError("Pass the student to distill: --model_name_or_path <folder or Hub id>.")
     with run_folder(args, "distill-instruct", run_arguments(args, model_args),

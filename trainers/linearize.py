@@ -22,8 +22,9 @@ from pathlib import Path
 import torch
 from transformers import set_seed
 
-from .common import (check_epochs, check_same_vocab, last_complete_checkpoint, parse_config, run_arguments,
-                     run_folder, save_with_lineage, steps_for_tokens, train_resumed, write_json)
+from .common import (BUDGET_FLAGS, check_epochs, check_same_vocab, last_complete_checkpoint, parse_config,
+                     refuse_unused, run_arguments, run_folder, save_with_lineage, steps_for_tokens, train_resumed,
+                     write_json)
 from .deadline import WallClockDeadline, stage_deadline
 from .linearize_config import LinearizeConfig
 from .linearize_trainer import AttentionTransferTrainer, HiddenAlignmentTrainer, KnowledgeDistillationTrainer
@@ -219,6 +220,7 @@ def _linearize(args: LinearizeConfig):
 
 def main(argv=None):
     (args,) = parse_config(LinearizeConfig, argv)
+    refuse_unused(args, {**BUDGET_FLAGS, "learning_rate": "each stage's is --stage_learning_rates (three numbers)"})
     student, tokenizer, record = linearize_run(args)
     for s in record["stages"]:
         steady = s.get("tokens_per_second_steady")  # the loop's own speed; else wall time (start-up included)

@@ -6,7 +6,7 @@ from pathlib import Path
 from trl import SFTConfig
 
 from ..modeling.mixers import DEFAULT_MIXER, MIXERS
-from .common import BUDGET_FLAGS, KDArguments, RunArguments, default_bf16, refuse_unused
+from .common import KDArguments, RunArguments, default_bf16
 
 
 @dataclass
@@ -112,7 +112,6 @@ class LinearizeConfig(RunArguments, SFTConfig, KDArguments):
             teacher = Path(self.teacher).name.removesuffix(".gguf")
             self.output_dir = str(Path("runs") / teacher / self.mixer / "base")
         self.max_length = self.max_seq_length
-        refuse_unused(self, {**BUDGET_FLAGS, "learning_rate": "each stage's is --stage_learning_rates (three numbers)"})
         default_bf16(self)
         self.check_run()
         super().__post_init__()

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from trl import ModelConfig, SFTConfig, SFTTrainer, get_peft_config
 
-from .common import (ChatRunArguments, chat_splits, parse_config, run_arguments, run_folder, steps_for_tokens,
-                     train_and_save)
+from .common import (BUDGET_FLAGS, ChatRunArguments, chat_splits, parse_config, refuse_unused, run_arguments,
+                     run_folder, steps_for_tokens, train_and_save)
 
 
 @dataclass
@@ -28,6 +28,7 @@ def main(argv=None):
     from ..loading import load_model
 
     args, model_args = parse_config((LinzooSFTConfig, ModelConfig), argv)
+    refuse_unused(args, BUDGET_FLAGS)
     if not model_args.model_name_or_path:
         raise ValueError("Pass the student to tune: --model_name_or_path <folder or Hub id>.")
     with run_folder(args, "sft", run_arguments(args, model_args),

@@ -291,6 +291,8 @@ def apply_flags(argv: list[str] | None = None) -> tuple[str | None, int | None]:
     parser.add_argument("--host", help="default: $GRADIO_SERVER_NAME, else 127.0.0.1")
     parser.add_argument("--port", type=int, help="default: $GRADIO_SERVER_PORT, else 7860 (or the next free one)")
     args = parser.parse_args(argv)
+    if args.port is not None and not 0 < args.port < 65536:
+        raise ValueError(f"--port {args.port}: give a TCP port, 1-65535 (7860 is Gradio's)")
     for name, value in (("LINZOO_SPACE_MODELS", args.models), ("LINZOO_SPACE_RESULTS", args.results),
                         ("LINZOO_SPACE_FILLER", args.filler)):
         if value:
