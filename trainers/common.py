@@ -296,9 +296,12 @@ def last_complete_checkpoint(folder):
 
 def check_same_vocab(student, teacher):
     if student.config.vocab_size != teacher.config.vocab_size:
+        recorded = getattr(student.config, "teacher", None)  # what the student was linearized from
         raise ValueError(
             f"Student vocabulary ({student.config.vocab_size}) differs from the teacher's ({teacher.config.vocab_size});"
-            " distillation compares logits token by token, so both must share one tokenizer."
+            " distillation compares logits token by token, so both must share one tokenizer"
+            + (f": the student was linearized from {recorded}, pass --teacher with it (or its local folder)."
+               if recorded else ".")
         )
 
 
