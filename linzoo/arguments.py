@@ -67,13 +67,10 @@ def parse_arguments(dataclass_types, argv: list[str] | None, config: bool = Fals
     return tuple(parsed)
 
 
-class ArgumentParser(argparse.ArgumentParser):
+class ArgumentParser(_one_line(argparse.ArgumentParser)):
     """argparse for the commands that are not dataclasses (card, push, push-zoo, space), with the same one-line
     errors, "did you mean" for an unknown flag (before argparse's own "required" error hides it), and each
     --dashed-option also taken as --underscored_option, as the trainers' and evals' options are."""
-
-    def error(self, message):
-        raise ValueError(f"{message} (`{self.prog} --help` lists the options)")
 
     def parse_args(self, args=None, namespace=None):
         import sys
