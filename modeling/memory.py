@@ -25,7 +25,8 @@ Per head, for query t (positions count real tokens only, so left padding and pac
   absorbed tokens that beat each candidate; decoding keeps the G best and compares each newcomer.
 
 Cost: one more run of the linear core for the recall scores (with a cache), and softmax scores over the window and
-cache: [T, W + T] per head for a full forward, [T, G + W + T] and a [G + T, G + T] ranking with the cache; decoding
+cache: without a sparse cache, blocks of C = max(W, 64) queries score their C + W keys ([T, C + W] per head, linear in
+T; the query heads of a kv head share its keys); with one, [T, G + W + T] and a [G + T, G + T] ranking; decoding
 keeps W + G keys per layer whatever the context length. The softmax runs in torch on every device (the same code on
 CPU and CUDA); only the linear core uses the CUDA kernels. Packed rows run sequence by sequence.
 """
@@ -33,6 +34,7 @@ CPU and CUDA); only the linear core uses the CUDA kernels. Packed rows run seque
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
 
@@ -111,6 +113,50 @@ def _state(cache, layer_idx, idx):
     return cache.layers[layer_idx].recurrent_states[idx]
 
 
+# Queries per block of the banded window (no sparse cache): max(W, WINDOW_CHUNK), evened out so that padding T up to
+# whole blocks adds fewer rows than there are blocks. Each block scores W + C keys: O(T (W + C)), not O(T (W + T)).
+WINDOW_CHUNK = 64
+# The logit of a masked score: exp(NEVER - total) is exactly 0 like exp(-inf), but a query with nothing to see (padding)
+# keeps finite gradients (with -inf, logsumexp's backward gives 0 * nan = nan, into every parameter).
+NEVER = torch.finfo(torch.float32).min
+
+
+def _chunk_size(W):
+    return max(W, WINDOW_CHUNK)
+
+
+def _banded_window(qs, ksE, vsE, validE, null, W):
+    """The window's softmax without a sparse cache, block by block: query i sees E index e iff i < e <= W + i and
+    validE[e], beside the null logit. qs [B, H, T, D]; ksE [B, W + T, Hkv, D], vsE [B, W + T, Hkv, Dv] (E: the W old
+    window tokens then the T new ones), validE [B, W + T] bool, null [B, H, T] fp32. Each block of C queries scores the
+    C + W keys E[start, start + C + W) only ([B, Hkv, n, R C, C + W], fp32); the R = H / Hkv query heads of a kv head
+    share one block of keys (no repeat). Returns p_null [B, T, H, 1] and the softmax part [B, T, H, Dv], as the full
+    [T, W + T] scores give them."""
+    B, H, T, D = qs.shape
+    Hkv, Dv = ksE.shape[2], vsE.shape[-1]
+    R = H // Hkv
+    n = -(-T // _chunk_size(W))  # blocks
+    C = -(-T // n)  # queries per block
+    pad = n * C - T
+    q = F.pad(qs.float(), (0, 0, 0, pad)).view(B, Hkv, R, n, C, D).transpose(2, 3).reshape(B, Hkv, n, R * C, D)
+    span = lambda t: F.pad(t.float(), (0, 0, 0, 0, 0, pad)).transpose(1, 2).unfold(2, C + W, C)  # noqa: E731
+    keys = span(ksE)  # [B, Hkv, n, D, C + W]: block j holds E[j C, j C + C + W)
+    values = span(vsE).transpose(-1, -2)  # [B, Hkv, n, C + W, Dv]
+    seen = F.pad(validE, (0, pad)).unfold(1, C + W, C)  # [B, n, C + W]
+    r = torch.arange(C, device=qs.device)[:, None]
+    s = torch.arange(C + W, device=qs.device)[None]
+    mask = ((s > r) & (s <= W + r))[None, None, None] & seen[:, None, :, None, None, :]  # [B, 1, n, 1, C, C + W]
+    scores = ((q @ keys) * D**-0.5).view(B, Hkv, n, R, C, C + W).masked_fill(~mask, NEVER)
+    null = F.pad(null, (0, pad)).view(B, Hkv, R, n, C).transpose(2, 3)  # [B, Hkv, n, R, C]
+    total = torch.logaddexp(scores.logsumexp(-1), null)
+    total = torch.where(mask.any(-1) | null.isfinite(), total, torch.zeros_like(total))  # a query with nothing to see
+    p_null = (null - total).exp()
+    soft = ((scores - total[..., None]).exp().view(B, Hkv, n, R * C, C + W) @ values).view(B, Hkv, n, R, C, Dv)
+    p_null = p_null.transpose(2, 3).reshape(B, H, n * C)[:, :, :T].transpose(1, 2)[..., None]
+    soft = soft.permute(0, 1, 3, 2, 4, 5).reshape(B, H, n * C, Dv)[:, :, :T].transpose(1, 2)
+    return p_null, soft
+
+
 def memory_forward(mixer, x, valid, cache=None, parts=False, replace_values=None):
     """The head outputs [B, T, H, D] (before o_proj) of `mixer` with its window / sparse cache; x [B, T, hidden]
     (padding already zeroed), valid [B, T] bool (False: padding). Reads and updates `cache` when given. With `parts`:
@@ -154,9 +200,14 @@ def memory_forward(mixer, x, valid, cache=None, parts=False, replace_values=None
                                output_final_state=cache is not None)
     raw = mixer.readout(o)
 
-    # Candidates: the sparse cache's G entries (per head), then E. Column c of the scores is candidate c.
-    sparse_old = _state(cache, idx, SPARSE)
-    if G:
+    absorbed = counts[:, 1:] + validE[:, :T].float().cumsum(1)  # [B, T]: real tokens out of the window at query i
+    outside = absorbed - absorbed.clamp(max=G)  # real tokens only the state holds
+    null = mem.null_logit.float()[None, :, None] + outside.clamp(min=0)[:, None, :].log()  # [B, H, T]
+    if not G:
+        p_null, soft = _banded_window(qs, ksE, vsE, validE, null, W)
+    else:
+        # Candidates: the sparse cache's G entries (per head), then E. Column c of the scores is candidate c.
+        sparse_old = _state(cache, idx, SPARSE)
         recalled, _ = linear_core(mixer.config, mixer, leaving[0], *leaving, initial_state=state)
         error = (leaving[1][..., :D].float() - recalled[..., :D].float() / mixer.scale).norm(dim=-1)  # [B, T, H]
         if sparse_old is None:
@@ -164,16 +215,11 @@ def memory_forward(mixer, x, valid, cache=None, parts=False, replace_values=None
         ks_c, vs_c, score_c, valid_c = sparse_old.split([D, D, 1, 1], -1)
         keys = torch.cat([ks_c.transpose(1, 2), ksE.float().transpose(1, 2).repeat_interleave(H // Hkv, 1)], 2)
         values = torch.cat([vs_c.transpose(1, 2), vsE.float().transpose(1, 2).repeat_interleave(H // Hkv, 1)], 2)
-    else:
-        keys = ksE.float().transpose(1, 2).repeat_interleave(H // Hkv, 1)
-        values = vsE.float().transpose(1, 2).repeat_interleave(H // Hkv, 1)
-    scores = (qs.float() @ keys.transpose(-1, -2)) * D**-0.5  # [B, H, T, G + W + T]
+        scores = (qs.float() @ keys.transpose(-1, -2)) * D**-0.5  # [B, H, T, G + W + T]
 
-    i = torch.arange(T, device=dev)[:, None]
-    e = torch.arange(W + T, device=dev)[None]
-    mask = ((e > i) & (e <= W + i))[None, None] & validE[:, None, None, :]  # the window: [B, 1, T, W + T]
-    absorbed = counts[:, 1:] + validE[:, :T].float().cumsum(1)  # [B, T]: real tokens out of the window at query i
-    if G:
+        i = torch.arange(T, device=dev)[:, None]
+        e = torch.arange(W + T, device=dev)[None]
+        mask = ((e > i) & (e <= W + i))[None, None] & validE[:, None, None, :]  # the window: [B, 1, T, W + T]
         # Candidates for the cache: its old entries (absorbed earlier) and E[:T] (absorbed at query e).
         cand_score = torch.cat([score_c[..., 0].transpose(1, 2), error.transpose(1, 2)], -1)  # [B, H, G + T]
         cand_valid = torch.cat([valid_c[..., 0].transpose(1, 2).bool(), validE[:, None, :T].expand(B, H, T)], -1)
@@ -186,13 +232,11 @@ def memory_forward(mixer, x, valid, cache=None, parts=False, replace_values=None
         cached = (rank < G) & (at[None, :] <= i)[None, None] & cand_valid[:, :, None, :]  # [B, H, T, G + T]
         later = cached.new_zeros(B, H, T, W)  # E[T:] are never absorbed by these queries
         mask = torch.cat([cached[..., :G], mask | torch.cat([cached[..., G:], later], -1)], -1)
-    outside = absorbed - absorbed.clamp(max=G)  # real tokens only the state holds
-    null = mem.null_logit.float()[None, :, None] + outside.clamp(min=0)[:, None, :].log()  # [B, H, T]
-    scores = scores.masked_fill(~mask, float("-inf"))
-    total = torch.logaddexp(scores.logsumexp(-1), null)
-    total = torch.where(total.isfinite(), total, torch.zeros_like(total))  # a padded query with nothing to see
-    p_null = (null - total).exp().transpose(1, 2)[..., None]  # [B, T, H, 1]
-    soft = ((scores - total[..., None]).exp() @ values).transpose(1, 2)
+        scores = scores.masked_fill(~mask, NEVER)
+        total = torch.logaddexp(scores.logsumexp(-1), null)
+        total = torch.where(mask.any(-1) | null.isfinite(), total, torch.zeros_like(total))  # nothing to see
+        p_null = (null - total).exp().transpose(1, 2)[..., None]  # [B, T, H, 1]
+        soft = ((scores - total[..., None]).exp() @ values).transpose(1, 2)
     if parts:
         return p_null, soft, raw
     heads = p_null * mixer.o_norm(raw).float() + soft
