@@ -8,6 +8,7 @@ results view iterate over the registry and never name an eval themselves (`tests
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -79,10 +80,36 @@ def render(template: str, **values) -> str:
     return jinja2.Environment(keep_trailing_newline=True).from_string(template).render(**values)
 
 
+def weights_sha256(spec: str) -> str | None:
+    """One sha256 naming a model's weights: over the sha256 of each of its safetensors files (the lineage's record where
+    the folder has one: linzoo's loaders verify it at every load). None for a Hub id or a folder without safetensors.
+    Every results file carries it, and cards and pushes use only the results whose hash is their folder's."""
+    from linzoo.integrity import file_sha256, recorded_digests
+    from linzoo.loading import resolve
+
+    try:
+        folder = Path(resolve(str(spec)))
+    except (OSError, ValueError):
+        return None
+    files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
+    if not files:
+        return None
+    recorded = recorded_digests(folder)
+    digests = {p.name: recorded.get(p.name) or file_sha256(p) for p in files}
+    return hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest()
+
+
 def write_json(results: dict, path: Path) -> Path:
+    """Writes a results file atomically (`linzoo.integrity.write_json`: a full disk or a kill leaves the old file or
+    none, never a truncated one). Results that name their `model` record its weights' hash (`weights_sha256`, added
+    to `results` in place, so that what a command returns is what it wrote) unless they carry one."""
+    from linzoo.integrity import write_json as write_whole
+
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=2) + "\n")
-    return path
+    if "model" in results and "weights_sha256" not in results:
+        results["weights_sha256"] = weights_sha256(results["model"])
+    return write_whole(path, results, indent=2)
 
 
 def check_out_dir(out) -> None:
@@ -115,9 +142,14 @@ def load_texts(source: str | list[str], split: str = "test") -> list[str]:
 
 
 def parse_list(value: str | list, cast=float) -> list:
-    """'512,1024' or [512, 1024] -> [512, 1024] (the CLI passes strings, Python callers lists)."""
+    """'512,1024' or [512, 1024] -> [512, 1024] (the CLI passes strings, Python callers lists). An item given twice is
+    a ValueError: every list of these (lengths, depths, tasks) would count it twice."""
     items = value.split(",") if isinstance(value, str) else value
-    return [cast(v) for v in items if str(v).strip() != ""]
+    values = [cast(v) for v in items if str(v).strip() != ""]
+    repeated = sorted({f"{v:g}" if isinstance(v, float) else str(v) for v in values if values.count(v) > 1})
+    if repeated:
+        raise ValueError(f"{', '.join(repeated)} given more than once in {value!r}: name each once")
+    return values
 
 
 def model_device(model) -> torch.device:
@@ -140,7 +172,12 @@ class ModelArguments:
     trust_remote_code: bool = field(default=False, metadata={
         "help": "run a checkpoint's own Python when it needs it (linzoo students and Llama teachers never do)"})
 
+    LIMITS = {"batch_size": {"min": 1}}  # linzoo.arguments.check_fields; each eval adds its own
+
     def __post_init__(self):  # the evals' own checks call this first: all before any model loads
+        from linzoo.arguments import check_fields
+
+        check_fields(self)  # types, finite numbers and each field's limits (its metadata)
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"--dtype {self.dtype!r}: use auto, float32, bfloat16 or float16")
         if self.batch_size < 1:

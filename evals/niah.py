@@ -33,7 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .common import (EVAL_DIR, NOT_MEASURED, EvalSpec, ModelArguments, check_out_dir, load_texts,
-                     measured, model_device, run_on_models, name_of, parse_list, render)
+                     measured, model_device, run_on_models, name_of, parse_list, render, write_json)
 
 SCHEMA = "linzoo.niah/v1"
 # The classic test's words as landmark-attention and LongLoRA write them ("memorize them" included).
@@ -236,7 +236,7 @@ def _prepare_tokenizer(tokenizer):
 @torch.inference_mode()
 def _generate(model, tokenizer, samples: list[NiahSample], max_new_tokens: int | None = None) -> list[str]:
     _prepare_tokenizer(tokenizer)
-    max_new_tokens = max_new_tokens or MAX_NEW_TOKENS[samples[0].needle_type]
+    max_new_tokens = MAX_NEW_TOKENS[samples[0].needle_type] if max_new_tokens is None else max_new_tokens
     batch = tokenizer([s.prompt for s in samples], return_tensors="pt", padding=True,
                       **_encode_kwargs(samples[0].prompt_format)).to(model_device(model))
     out = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
@@ -363,8 +363,10 @@ def run_niah(model, tokenizer, lengths, depths, variant: str = "passkey", sample
     its held-out split)."""
     spec = get_variant(variant)
     lengths, depths = parse_list(lengths, int), parse_list(depths, float)
+    if max_new_tokens is not None and max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens {max_new_tokens}: give at least 1 (None: the needle's default)")
     if hasattr(model, "config"):  # a transformers model (not a stand-in): within its positions and memory
-        new_tokens = max_new_tokens or MAX_NEW_TOKENS[spec.needle]
+        new_tokens = MAX_NEW_TOKENS[spec.needle] if max_new_tokens is None else max_new_tokens
         check_positions(model.config.to_dict(), lengths, new_tokens, model_name or name_of(model))
         check_memory(model, lengths, len(depths) * samples_per_cell, batch_size, new_tokens)
     if spec.haystack == "prose":
@@ -411,7 +413,7 @@ def save_niah(results: dict, out_dir: str | os.PathLike) -> tuple[Path, Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     json_path, png_path = out / "niah.json", out / "niah_heatmap.png"
-    json_path.write_text(json.dumps(results, indent=2) + "\n")
+    write_json(results, json_path)
 
     lengths, depths = [str(l) for l in results["lengths"]], [f"{d:g}" for d in results["depths"]]
     grid = [[results["accuracy"][l][d] for l in lengths] for d in depths]
@@ -453,6 +455,7 @@ class NiahArguments(ModelArguments):
                 "or a .txt path (one paragraph per line)"})
     seed: int = 0
     max_new_tokens: int | None = field(default=None, metadata={"help": "default: 16 for a pass key, 48 for a uuid"})
+    LIMITS = {"samples_per_cell": {"min": 1}, "max_new_tokens": {"min": 1}}
 
     def __post_init__(self):
         super().__post_init__()
@@ -468,13 +471,17 @@ class NiahArguments(ModelArguments):
                 ("--depths", self.depths, float, lambda v: 0.0 <= v <= 1.0, "needle depths in [0, 1]", "0,0.5,1")):
             try:
                 values = parse_list(value, cast)
-            except ValueError:
+            except ValueError as err:
+                if "more than once" in str(err):
+                    raise ValueError(f"{flag} {err}") from None
                 values = []
             if not values or not all(map(valid, values)):
                 raise ValueError(f"{flag} {value!r}: give {want}, comma-separated, e.g. {flag} {example}")
         from linzoo.loading import read_config
 
-        new_tokens = self.max_new_tokens or MAX_NEW_TOKENS[get_variant(self.variant).needle]
+        new_tokens = self.max_new_tokens
+        if new_tokens is None:
+            new_tokens = MAX_NEW_TOKENS[get_variant(self.variant).needle]
         for spec in filter(None, (self.model, self.teacher)):  # config.json only: no model loads, no code runs
             check_positions(read_config(spec), parse_list(self.lengths, int), new_tokens, spec)
         check_out_dir(self.out)

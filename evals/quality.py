@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from .common import (NOT_MEASURED, EvalSpec, ModelArguments, check_out_dir, load_for_eval, load_texts, measured,
-                     model_device, name_of, parse_list, render)
+                     model_device, name_of, parse_list, render, weights_sha256, write_json)
 
 SCHEMA = "linzoo.quality/v1"
 TASKS = ("lambada_openai", "winogrande", "arc_easy", "arc_challenge", "piqa")
@@ -62,7 +62,9 @@ def check_data_dir(data_dir: str | os.PathLike, tasks) -> None:
     if missing:
         raise ValueError(f"--data_dir {data_dir} lacks {', '.join(missing)}: it must hold {', '.join(expected)} "
                          "(llm-foundry JSONL, see evals/LM_EVAL.md), or leave tasks out with --tasks")
-    empty = [name for name in expected if not any(line.strip() for line in open(Path(data_dir) / name))]
+    from .lm_eval_tasks.utils import read_rows
+
+    empty = [name for name in expected if not read_rows(Path(data_dir) / name)]  # every row checked: file and line
     if empty:
         raise ValueError(f"--data_dir {data_dir}: no documents in {', '.join(empty)} (one JSON object a line), "
                          "or leave the task out with --tasks")
@@ -343,7 +345,7 @@ def save_quality(results: dict, out_dir: str | os.PathLike) -> tuple[Path, Path]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     json_path, png_path = out / "quality.json", out / "quality.png"
-    json_path.write_text(json.dumps(results, indent=2) + "\n")
+    write_json(results, json_path)
 
     tasks, metric = list(results["tasks"]), results["recovery_metric"]
     bars = [(f"student: {results['model']}", results["tasks"])]
@@ -384,6 +386,22 @@ def save_quality(results: dict, out_dir: str | os.PathLike) -> tuple[Path, Path]
     return json_path, png_path
 
 
+def check_teacher_results(path, model: str) -> None:
+    """A ValueError unless the quality.json at `path` is another model's than `model`: the results of the student
+    itself would make its recovery 100 %."""
+    from linzoo.integrity import read_json
+
+    data = read_json(path)
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise ValueError(f"--teacher_results {path} is not a quality.json (schema {SCHEMA}): pass the file that "
+                         "`linzoo eval quality --model <teacher>` wrote")
+    theirs, ours = data.get("weights_sha256"), weights_sha256(model)
+    same = data.get("model") == model or (theirs is not None and theirs == ours)
+    if same:
+        raise ValueError(f"--teacher_results {path} holds the results of --model {model} itself (the same "
+                         f"{'weights' if theirs == ours else 'model'}): pass the teacher's quality.json")
+
+
 @dataclass
 class QualityArguments(ModelArguments):
     out: str = field(default="outputs/quality", metadata={"help": "output folder"})
@@ -397,6 +415,8 @@ class QualityArguments(ModelArguments):
         "help": "the teacher's quality.json on the same tasks/--limit: its scores are reused, not recomputed "
                 "(--teacher is then needed only for the held-out KL)"})
 
+    LIMITS = {"limit": {"min": 1}, "heldout_tokens": {"min": 0}}
+
     def __post_init__(self):  # checked here, before any model loads
         super().__post_init__()
         for task in parse_list(self.tasks, str):
@@ -404,6 +424,8 @@ class QualityArguments(ModelArguments):
         if self.teacher_results is not None and not Path(self.teacher_results).is_file():
             raise ValueError(f"--teacher_results {self.teacher_results} is not a file: pass the quality.json that "
                              "`linzoo eval quality --model <teacher>` wrote")
+        if self.teacher_results is not None:
+            check_teacher_results(self.teacher_results, self.model)
         self.data_dir = self.data_dir or os.environ.get("EVAL_DATA") or None
         if self.data_dir is not None:
             check_data_dir(self.data_dir, parse_list(self.tasks, str))

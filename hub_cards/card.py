@@ -19,9 +19,10 @@ from pathlib import Path
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from linzoo.arguments import ArgumentParser
-from linzoo.evals.common import EVAL_DIR
+from linzoo.evals.common import EVAL_DIR, weights_sha256
 from linzoo.evals.registry import all_evals
 from linzoo.formatting import NOT_MEASURED, format_bytes, measured
+from linzoo.integrity import check_finite_folder
 from linzoo.modeling.configuration_linzoo import state_sizes
 from linzoo.modeling.mixers import MIXER_CLASSES
 
@@ -42,10 +43,29 @@ def read_json(path: Path, schema: str | None = None) -> dict | None:
     return data
 
 
-def read_results(folder) -> dict:
-    """{eval name: its results dict from <folder>/eval/, or None where it was not run}, for every registered eval."""
+def matching_results(folder) -> tuple[dict, list[str]]:
+    """({eval name: its results dict from <folder>/eval/, or None}, [why each file found there was left out]), for
+    every registered eval. A results file counts only where the weights it measured are the folder's own: its
+    `weights_sha256` equals theirs (another model's results, `--out` pointed at the wrong folder, or weights changed
+    since, are left out; so are files from before linzoo recorded the hash)."""
     folder = Path(folder)
-    return {spec.name: read_json(folder / EVAL_DIR / spec.result_file, spec.schema) for spec in all_evals()}
+    ours, results, left_out = weights_sha256(str(folder)), {}, []
+    for spec in all_evals():
+        path = folder / EVAL_DIR / spec.result_file
+        data = read_json(path, spec.schema)
+        if data is not None and data.get("weights_sha256") != ours:
+            theirs = data.get("weights_sha256")
+            why = ("it records no weights hash (made before linzoo recorded one): run the eval again" if theirs is None
+                   else f"it measured {data.get('model')!r}, whose weights are not this folder's")
+            left_out.append(f"{EVAL_DIR}/{spec.result_file} left out: {why}")
+            data = None
+        results[spec.name] = data
+    return results, left_out
+
+
+def read_results(folder) -> dict:
+    """{eval name: its results dict from <folder>/eval/, or None where it was not run or measured another model}."""
+    return matching_results(folder)[0]
 
 
 def eval_results(results: dict) -> list[EvalResult]:
@@ -97,7 +117,7 @@ def default_base_model(info: dict) -> str | None:
 def _training_rows(info: dict) -> dict:
     training, state = info["training"], info["trainer_state"]
     skip = {"stage", "parent", "teacher", "tokens", "stages", "final_losses", "dataset", "recipe", "first_loss",
-            "final_loss"}
+            "final_loss", "config_sha256"}  # the config's hash is integrity, not recipe (linzoo.integrity)
     recipe = training.get("recipe") or {k: v for k, v in training.items()
                                         if k not in skip and isinstance(v, (str, int, float, bool, list))}
     tokens = [[name, f"{n:,}" if isinstance(n, int) else str(n)]
@@ -131,6 +151,7 @@ def _params(folder: Path) -> int | None:
 def build_card(folder, repo_id: str | None = None, base_model: str | None = None) -> ModelCard:
     """The model card of `folder`. `base_model` overrides the recorded teacher/parent (use a Hub id)."""
     folder = Path(folder)
+    check_finite_folder(folder)  # a card never describes a NaN run's weights
     info = checkpoint_info(folder)
     config, stage, mixer = info["config"], info["stage"], info["config"].get("mixer")
     if mixer not in MIXER_CLASSES:
@@ -199,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         raise ValueError(f"{path} is not a card linzoo wrote (no 'linzoo' tag): move it aside, or pass --overwrite "
                          "to replace it")
     card = build_card(args.folder, args.repo_id, args.base_model)
+    for line in matching_results(args.folder)[1]:
+        print(f"linzoo: {line}")
     card.save(path)
     if card.data.base_model:
         base = card.data.base_model

@@ -29,7 +29,8 @@ from linzoo.evals.common import EVAL_DIR, NOT_MEASURED
 from linzoo.evals.registry import all_evals
 from linzoo.integrity import LINEAGE_FILE, recorded_digests, verify_folder
 
-from .card import build_card, checkpoint_info, default_base_model, eval_key, eval_results, read_json, read_results
+from .card import (build_card, checkpoint_info, default_base_model, eval_key, eval_results, matching_results,
+                   read_json)
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib")
 UPLOAD_SUBFOLDERS = (EVAL_DIR,)  # travel with the weights; stage checkpoints and the like stay home
@@ -109,21 +110,32 @@ def upload_files(folder: Path) -> tuple[list[tuple[str, Path]], list[str]]:
     from linzoo.trainers.common import RUN_FILE
 
     files, skipped = [], []
+    root = folder.resolve()
     for path in sorted(folder.iterdir()):
         if path.name.startswith(".") or path.name == "README.md":
             continue
+        _inside(path, root)
         if path.name == RUN_FILE:  # the command line of a local run (this machine's paths); the card has the recipe
             skipped.append(path.name)
             continue
         if path.is_dir():
             if path.name in UPLOAD_SUBFOLDERS:
                 files += [(p.relative_to(folder).as_posix(), p) for p in sorted(path.rglob("*"))
-                          if p.is_file() and not p.name.startswith(".")]
+                          if p.is_file() and not p.name.startswith(".") and _inside(p, root)]
             else:
                 skipped.append(f"{path.name}/")
         else:
             files.append((path.name, path))
     return files, skipped
+
+
+def _inside(path: Path, root: Path) -> bool:
+    """True, or a ReleaseError where `path` is a link whose target lies outside the folder `root` (a token file, a
+    key): uploading it would publish that file."""
+    if path.is_symlink() and not path.resolve().is_relative_to(root):
+        raise ReleaseError(f"{path} is a link to {path.resolve()}, outside {root}: it would upload that file; copy "
+                           "what belongs to the model into the folder, or remove the link")
+    return True
 
 
 def check_repo_id(repo_id: str) -> None:
@@ -222,7 +234,7 @@ def check_loads(folder: Path, timeout: int = 900) -> Check:
 def check_card(folder: Path, card: ModelCard) -> Check:
     """The card's model-index, parsed back from its YAML, equals the numbers in the results files."""
     name = "card numbers equal the results files"
-    results = read_results(folder)
+    results, left_out = matching_results(folder)
     expected = {eval_key(r): r.metric_value for r in eval_results(results)}
     got = {eval_key(r): r.metric_value for r in ModelCard(str(card)).data.eval_results or []}
     if got != expected:
@@ -231,7 +243,8 @@ def check_card(folder: Path, card: ModelCard) -> Check:
     missing = [f"{EVAL_DIR}/{spec.result_file}" for spec in all_evals()  # the evals whose card section says so
                if results[spec.name] is None and NOT_MEASURED in spec.card_section(None, folder)]
     return Check(name, True, f"{len(expected)} numbers" + (f"; {', '.join(missing)} missing: the card says "
-                                                            "'not measured'" if missing else ""))
+                                                            "'not measured'" if missing else "")
+                 + "".join(f"; {line}" for line in left_out))
 
 
 def plan_checkpoint(folder, repo_id: str, private: bool = False, revision: str | None = None,

@@ -2,11 +2,13 @@
 
 An error ends in one line on stderr. A bad input (a ValueError, a missing or unreadable path, hub_cards'
 ReleaseError): `linzoo <command>: error: <message>`, exit code 2 (argparse's code for a usage error). Anything
-else: `linzoo <command>: unexpected <type>: <message> (re-run with --debug ...)`, exit code 1. `--debug` anywhere on
+else: `linzoo <command>: unexpected <type>: <message> (re-run with --debug ...)`, exit code 1; but a write that found
+the disk full is `linzoo <command>: error: the disk is full at <path>: ...`, exit code 1. `--debug` anywhere on
 the command line, or LINZOO_DEBUG=1, lets the exception through with its traceback. SystemExit (argparse's own
 errors, --help) and Ctrl-C pass untouched.
 """
 
+import errno
 import importlib
 import os
 import sys
@@ -23,6 +25,7 @@ COMMANDS = {
     "push": ("linzoo.hub_cards.push", "upload one checkpoint to the Hub"),
     "push-zoo": ("linzoo.hub_cards.push_zoo", "upload the zoo (every mixer x base/instruct/instruct-distilled), its Space and collection (dry run by default)"),
     "space": ("linzoo.spaces.niah.app", "run the NIAH Gradio Space locally"),
+    "zoo": ("linzoo.zoo", "build the zoo: every mixer as base, instruct and instruct-distilled, each evaluated beside the teacher"),
 }
 DEBUG_FLAG = "--debug"  # exactly this word; `--debug=...` still reaches TrainingArguments' own --debug option
 DEBUG_HINT = f"re-run with {DEBUG_FLAG} or LINZOO_DEBUG=1 for the traceback"
@@ -53,6 +56,41 @@ def raised_by_linzoo(err: BaseException) -> bool:
     return tb is not None and tb.tb_frame.f_globals.get("__name__", "").split(".")[0] == "linzoo"
 
 
+# What torch's and safetensors' writers say when the disk fills mid-file (they raise RuntimeError and SafetensorError,
+# not an OSError): torch's zip writer "[enforce fail at inline_container.cc] . unexpected pos N vs M" or
+# "PytorchStreamWriter failed writing file ...", safetensors the Rust IoError "StorageFull, No space left on device".
+DISK_FULL_WORDS = ("No space left on device", "StorageFull", "unexpected pos",
+                   "PytorchStreamWriter failed writing file")
+
+
+def output_dir(argv: list[str]) -> str:
+    """The command line's --output_dir, or words for it (a --config file may have set it)."""
+    for i, arg in enumerate(argv):
+        if arg == "--output_dir" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--output_dir="):
+            return arg.split("=", 1)[1]
+    return "the output folder"
+
+
+def disk_full_line(err: BaseException, argv: list[str]) -> str | None:
+    """The one line for an error (or one it came from) that says the disk is full; None for any other. linzoo's own
+    refusal before a save (`trainers.common.check_free_space`) says what it measured; a write that failed mid-file
+    names its path, else the run's --output_dir, and the rerun that resumes."""
+    trainers = sys.modules.get("linzoo.trainers.common")  # not imported -> cannot have been raised
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if trainers and isinstance(err, trainers.DiskFullError):
+            return err.strerror
+        enospc = isinstance(err, OSError) and err.errno == errno.ENOSPC
+        if enospc or any(words in str(err) for words in DISK_FULL_WORDS):
+            where = (err.filename if enospc else None) or output_dir(argv)
+            return f"the disk is full at {where}: free space and run the same command again (it resumes)"
+        err = err.__cause__ or err.__context__
+    return None
+
+
 def error_line(prog: str, err: Exception, bad_input: bool) -> str:
     message = " ".join(line.strip() for line in str(err).splitlines() if line.strip()) or type(err).__name__
     if not bad_input:
@@ -70,6 +108,10 @@ def run(name: str, argv: list[str], debug: bool) -> int:
     except Exception as err:  # SystemExit (argparse, --help) and KeyboardInterrupt pass through untouched
         if debug:
             raise
+        full = disk_full_line(err, argv)
+        if full:
+            print(f"{prog}: error: {full}", file=sys.stderr)
+            return 1
         bad_input = isinstance(err, input_error_types())
         print(error_line(prog, err, bad_input), file=sys.stderr)
         return 2 if bad_input else 1

@@ -272,13 +272,17 @@ def _standardize(ds: datasets.Dataset, kind: str, origin: str) -> datasets.Datas
     if column is None:
         raise ValueError(f"{origin}: chat data needs a `messages` or ShareGPT `conversations` column; "
                          f"found {ds.column_names}")
-    return ds.map(
+    chats = ds.map(
         lambda b: {"messages": [m for m in map(normalize_conversation, b[column]) if m is not None]},
         batched=True,
         remove_columns=ds.column_names,
         features=MESSAGES_FEATURES,
         desc="Normalizing chats",
     )
+    if len(chats) < len(ds):  # said, never silent: a file of chats without roles lost half its rows unnoticed
+        print(f"linzoo: {origin}: dropped {len(ds) - len(chats):,} of {len(ds):,} chats that are not an optional "
+              "system turn then user/assistant turns in turn, with known roles and text contents")
+    return chats
 
 
 # ----------------------------------------------------------------------------- held-out split

@@ -1,6 +1,7 @@
-"""Is a model folder whole, and are its weights the bytes its run saved? The run records their sha256 in its lineage
-(`save_with_lineage` writes `weights_record` into linzoo_training.json); linzoo's loaders and `linzoo push` call
-`verify_folder`.
+"""Is a model folder whole, and are its weights and config.json the bytes its run saved? The run records their sha256
+in its lineage (`save_with_lineage` writes `weights_record` into linzoo_training.json); linzoo's loaders and `linzoo
+push` call `verify_folder`. A config.json that says another mixer, layer count or `attn_layers` than the one saved
+would build another model around the same weights.
 
 Every top-level `*.json` file must also parse and every `*.safetensors` file open (its header parses and covers
 the file), so a truncated file is named before transformers reads it. A folder without a recorded digest (an older
@@ -19,6 +20,7 @@ from pathlib import Path
 
 LINEAGE_FILE = "linzoo_training.json"
 DIGESTS = "weights_sha256"  # the lineage's {file name: sha256} of the weights
+CONFIG_DIGEST = "config_sha256"  # the lineage's sha256 of config.json
 
 
 def file_sha256(path) -> str:
@@ -27,8 +29,33 @@ def file_sha256(path) -> str:
 
 
 def weights_record(folder) -> dict:
-    """The lineage entry for the weights saved in `folder`: {"weights_sha256": {file name: sha256}}."""
-    return {DIGESTS: {p.name: file_sha256(p) for p in sorted(Path(folder).glob("*.safetensors"))}}
+    """The lineage entry for the weights and config saved in `folder`: {"weights_sha256": {file name: sha256},
+    "config_sha256": sha256}."""
+    folder = Path(folder)
+    return {DIGESTS: {p.name: file_sha256(p) for p in sorted(folder.glob("*.safetensors"))},
+            CONFIG_DIGEST: file_sha256(folder / "config.json")}
+
+
+def write_json(path, data, indent: int = 1) -> Path:
+    """Whole or not at all: a process killed (or a write failing, the disk full) while writing leaves the old file (or
+    none), never half of one. The JSON goes to a temporary file of its own beside `path`, on disk before it takes the
+    name. Every record and results file of linzoo is written through this."""
+    import os
+    import tempfile
+
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=indent)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
 
 
 def read_json(path):
@@ -40,20 +67,25 @@ def read_json(path):
                          "it came") from None
 
 
-def recorded_digests(folder) -> dict[str, str]:
-    """The weights' digests recorded in the folder's lineage; {} without a lineage file or a digest in it."""
+def _lineage(folder) -> dict:
+    """The folder's lineage record; {} without a lineage file."""
     path = Path(folder) / LINEAGE_FILE
     record = read_json(path) if path.is_file() else {}
     if not isinstance(record, dict):
         raise ValueError(f"{path} is not a linzoo lineage record (a JSON object): restore it, or delete it to load "
                          "the folder without its lineage")
-    return record.get(DIGESTS) or {}
+    return record
+
+
+def recorded_digests(folder) -> dict[str, str]:
+    """The weights' digests recorded in the folder's lineage; {} without a lineage file or a digest in it."""
+    return _lineage(folder).get(DIGESTS) or {}
 
 
 def verify_folder(folder) -> None:
     """A ValueError naming the file when a JSON file of `folder` does not parse, a safetensors file does not open,
-    or its sha256 differs from the one in the lineage record (a FileNotFoundError when a recorded file is gone).
-    Nothing for a Hub id."""
+    or its sha256 (or config.json's) differs from the one in the lineage record (a FileNotFoundError when a recorded
+    file is gone). Nothing for a Hub id."""
     from safetensors import SafetensorError, safe_open
 
     folder = Path(folder)
@@ -68,6 +100,11 @@ def verify_folder(folder) -> None:
         except SafetensorError as err:
             raise ValueError(f"{path} is not a readable safetensors file ({err}): it is truncated or damaged; "
                              "copy it again from where it came") from None
+    config_digest = _lineage(folder).get(CONFIG_DIGEST)
+    if config_digest and file_sha256(folder / "config.json") != config_digest:  # a few kB: hashed at every load
+        raise ValueError(f"{folder / 'config.json'} is not the file its run saved: its sha256 differs from the one in "
+                         f"{folder / LINEAGE_FILE}; restore it, or, if you changed the config on purpose, delete "
+                         f"{CONFIG_DIGEST!r} from that file")
     for name, digest in recorded_digests(folder).items():
         path = folder / name
         if not path.is_file():
@@ -97,3 +134,34 @@ def _verified_marker(path: Path, digest: str) -> Path | None:
     except OSError:
         return None
     return folder / hashlib.sha256(state.encode()).hexdigest()
+
+
+def first_nonfinite(named_tensors) -> str | None:
+    """The name of the first floating-point tensor of (name, tensor) pairs holding a NaN or an infinity; None when all
+    are finite. One host sync for all of them (a device's tensors are checked where they are)."""
+    import torch
+
+    named = [(name, t) for name, t in named_tensors if t.is_floating_point()]
+    if not named:
+        return None
+    device = named[0][1].device
+    finite = torch.stack([torch.isfinite(t).all().to(device) for _, t in named])
+    if bool(finite.all()):
+        return None
+    return named[int(finite.logical_not().nonzero()[0, 0])][0]
+
+
+def nonfinite_error(where, name: str) -> ValueError:
+    return ValueError(f"{where} holds non-finite weights ({name} has NaN or inf): it is no usable model; train it "
+                      "again from its last finite checkpoint, with a lower learning rate")
+
+
+def check_finite_folder(folder) -> None:
+    """A ValueError when a safetensors file of `folder` holds a NaN or an infinity (read tensor by tensor)."""
+    from safetensors import safe_open
+
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(path, framework="pt") as f:
+            bad = first_nonfinite((key, f.get_tensor(key)) for key in f.keys())
+        if bad is not None:
+            raise nonfinite_error(folder, bad)

@@ -54,7 +54,14 @@ def embedded_teacher_gguf() -> Path:
 
 @_one_at_a_time
 def _converted_gguf(gguf: Path) -> Path:
-    """Dequantise a GGUF checkpoint once into a safetensors folder under the linzoo cache."""
+    """Dequantise a GGUF checkpoint once into a safetensors folder under the linzoo cache. Processes converting the
+    same file take turns (a lock file beside the folder): the first writes a temporary folder of its own and renames
+    it into place; the others, once they hold the lock, find the folder done. A killed conversion's temporary folder
+    is removed by the next load."""
+    import shutil
+    import tempfile
+
+    from filelock import FileLock
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .registry_files import cache_dir
@@ -62,22 +69,33 @@ def _converted_gguf(gguf: Path) -> Path:
     stat = gguf.stat()
     key = hashlib.sha1(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
     out = cache_dir() / "converted" / f"{gguf.stem}-{key}"
-    if (out / "config.json").is_file():
+    temporary = f"{out.name}.tmp*"  # the conversion's (and earlier linzoo's) temporary folders
+    if (out / "config.json").is_file() and not any(out.parent.glob(temporary)):
         return out
-    print(f"linzoo: converting {gguf.name} to safetensors (once) -> {out}")
-    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    # The tensors are dequantised already; rebuild a plain model so it saves as ordinary safetensors.
-    config = loaded.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(loaded.state_dict())
-    model.generation_config = loaded.generation_config
-    tmp = out.with_name(out.name + ".tmp")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    tmp.rename(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(out.parent / f".{out.name}.lock"):
+        for stale in out.parent.glob(temporary):  # a killed conversion's: only the lock's holder writes one
+            shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
+        if (out / "config.json").is_file():
+            return out  # converted by another process while this one waited
+        print(f"linzoo: converting {gguf.name} to safetensors (once) -> {out}")
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        # The tensors are dequantised already; rebuild a plain model so it saves as ordinary safetensors.
+        config = loaded.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.load_state_dict(loaded.state_dict())
+        model.generation_config = loaded.generation_config
+        tmp = Path(tempfile.mkdtemp(prefix=f"{out.name}.tmp", dir=out.parent))
+        try:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            tmp.rename(out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return out
 
 
@@ -130,7 +148,8 @@ def load_model(spec: str, dtype: torch.dtype | str | None = None, device: str | 
 
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    from .integrity import verify_folder
+    from .integrity import first_nonfinite, nonfinite_error, verify_folder
+    from .modeling.modeling_linzoo import LinzooForCausalLM, check_weights_match_config
 
     source = resolve(spec)
     config = read_config(spec)
@@ -140,18 +159,27 @@ def load_model(spec: str, dtype: torch.dtype | str | None = None, device: str | 
                          "it runs the repo's own Python. Pass trust_remote_code=True (--trust_remote_code) only "
                          "if you trust that code.")
     verify_folder(source)  # a damaged or changed file is named here, not deep inside from_pretrained
+    # a fast tokenizer's file, the config naming its class, or a slow one's vocabulary (else: "install sentencepiece")
+    tokenizer_files = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
+    if Path(source).is_dir() and not any((Path(source) / name).is_file() for name in tokenizer_files):
+        raise FileNotFoundError(f"{source} holds no tokenizer (tokenizer.json / tokenizer_config.json): copy the "
+                                "tokenizer files saved with the model into it")
     kwargs = {"dtype": dtype or torch.float32, "use_safetensors": True if safetensors_only else None}
     try:
-        if model_type == "linzoo":
-            from .modeling.modeling_linzoo import LinzooForCausalLM
-
+        if model_type == "linzoo":  # the class refuses weights its config.json disagrees with
             model = LinzooForCausalLM.from_pretrained(source, **kwargs)
         else:
-            model = AutoModelForCausalLM.from_pretrained(source, trust_remote_code=trust_remote_code, **kwargs)
+            model, info = AutoModelForCausalLM.from_pretrained(source, trust_remote_code=trust_remote_code,
+                                                               output_loading_info=True, ignore_mismatched_sizes=True,
+                                                               **kwargs)
+            check_weights_match_config(source, model, info)
         # The model's config, so that the tokenizer never reloads config.json (through its auto_map) on its own.
         tokenizer = AutoTokenizer.from_pretrained(source, config=model.config, trust_remote_code=trust_remote_code)
     except OSError as err:
         raise FileNotFoundError(_unreachable(spec, err)) from err
+    bad = first_nonfinite(model.state_dict().items())  # a NaN run's folder never evaluates, serves or cards
+    if bad is not None:
+        raise nonfinite_error(spec, bad)
     model.config._name_or_path = EMBEDDED_TEACHER if spec == "embedded" else spec
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -5,6 +5,9 @@ dict loads into a student directly and only the mixers' new parameters start fre
 short-conv states live in the transformers cache (`DynamicCache(config=...)` with `layer_types`).
 """
 
+import re
+from collections import defaultdict
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -141,6 +144,86 @@ class LinzooDecoderLayer(GradientCheckpointingLayer):
         return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
 
 
+_LAYER_KEY = re.compile(r"^((?:.*\.)?layers)\.(\d+)\.(.+)$")  # model.layers.30.mlp.up_proj.weight
+
+
+def _spans(indices):
+    """[0, 1, 2, 5] -> "0-2, 5"."""
+    runs = []
+    for i in sorted(indices):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def _by_layer(keys):
+    layers = defaultdict(set)
+    for key in keys:
+        if match := _LAYER_KEY.match(key):
+            layers[match[1], int(match[2])].add(key)
+    return layers
+
+
+def _named(keys, universe, examples=3):
+    """A few patterns naming `keys`, with their count: a layer whose every key of `universe` is among them reads
+    `model.layers.[30-31].*`, keys alike but for their layer `model.layers.[0-29].self_attn.A_log`."""
+    whole = {layer for layer, of_layer in _by_layer(universe).items() if of_layer <= keys}
+    groups = defaultdict(set)
+    for key in keys:
+        if not (match := _LAYER_KEY.match(key)):
+            groups[2, key, ""].add(None)
+            continue
+        layer = (match[1], int(match[2]))
+        groups[(0, match[1], "*") if layer in whole else (1, match[1], match[3])].add(layer[1])
+    names = [f"{prefix}.{_spans(ix) if len(ix) == 1 else f'[{_spans(ix)}]'}.{rest}" if rest else prefix
+             for (_, prefix, rest), ix in sorted(groups.items())]
+    more = f" and {len(names) - examples} more" if len(names) > examples else ""
+    return ", ".join(names[:examples]) + more + (f" ({_count(len(keys), 'key')})" if len(keys) > 1 else "")
+
+
+def _count(n, noun):
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def check_weights_match_config(name, model, loading_info, ignore_mismatched_sizes=False):
+    """One ValueError line when `from_pretrained(name)` built a model its weights do not fill: tensors the config
+    builds but the weights lack (MISSING), weights it has no place for (UNEXPECTED), other shapes (MISMATCHED) — a
+    config.json edited or swapped beside its weights (another mixer, layer count or `attn_layers`) would otherwise
+    run, with fresh random tensors, and still write fluent text. `loading_info` is from_pretrained's
+    (`output_loading_info=True`), where transformers has already dropped what a model declares optional
+    (`_keys_to_ignore_on_load_missing`) and tied weights. Shared with `linzoo.load_model` for teachers."""
+    missing, unexpected = set(loading_info["missing_keys"]), set(loading_info["unexpected_keys"])
+    mismatched = {} if ignore_mismatched_sizes else {key: (list(in_weights), list(in_model))
+                                                     for key, in_weights, in_model in loading_info["mismatched_keys"]}
+    if not (missing or unexpected or mismatched):
+        return
+    built = set(model.state_dict())
+    held = (built - missing) | unexpected
+    config_layers, weight_layers = _by_layer(built), _by_layer(held)
+    facts = []
+    if len(config_layers) != len(weight_layers):
+        facts.append(f"the config builds {_count(len(config_layers), 'layer')}, the weights hold {len(weight_layers)}")
+    differing = {layer for layer in _by_layer(missing | unexpected | set(mismatched)) if layer in config_layers
+                 and layer in weight_layers}
+    if differing:
+        facts.append(f"the config builds layer{'s' if len(differing) > 1 else ''} "
+                     f"{_spans({i for _, i in differing})} with other tensors than the weights hold")
+    if not facts:
+        other = "other tensors" if missing or unexpected else "tensors of other shapes"
+        facts.append(f"the config builds {other} than the weights hold")
+    keys = [f"missing {_named(missing, built)}"] if missing else []
+    keys += [f"unexpected {_named(unexpected, held)}"] if unexpected else []
+    if mismatched:
+        key, (weights_shape, config_shape) = min(mismatched.items())
+        keys.append(f"mismatched {_named(set(mismatched), held)}: {key} is {weights_shape} in the weights, "
+                    f"{config_shape} in the config")
+    where = f"{name}/config.json" if name else "the config"
+    raise ValueError(f"{where} disagrees with its weights: {'; '.join(facts)} ({'; '.join(keys)}): restore the "
+                     "config.json saved with these weights")
+
+
 class LinzooPreTrainedModel(PreTrainedModel):
     config_class = LinzooConfig
     base_model_prefix = "model"
@@ -151,6 +234,17 @@ class LinzooPreTrainedModel(PreTrainedModel):
     # a student made without a window / sparse cache, loaded with one (`window_size=`, `sparse_cache_size=`): its null
     # logit starts at 0 (`Memory.reset_new_parameters`), by design, not a weight the checkpoint lost
     _keys_to_ignore_on_load_missing = [r"\.memory\.null_logit$"]
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, output_loading_info=False,
+                        ignore_mismatched_sizes=False, **kwargs):
+        """transformers' from_pretrained, refusing weights that disagree with the config (every load path runs this
+        class, remote code included): `check_weights_match_config`. Tensors of other shapes are refused here too,
+        in that one line, unless `ignore_mismatched_sizes=True` (then, as in transformers, they start fresh)."""
+        model, info = super().from_pretrained(pretrained_model_name_or_path, *args, output_loading_info=True,
+                                              ignore_mismatched_sizes=True, **kwargs)
+        check_weights_match_config(pretrained_model_name_or_path, model, info, ignore_mismatched_sizes)
+        return (model, info) if output_loading_info else model
 
     def _init_weights(self, module):
         super()._init_weights(module)
@@ -183,6 +277,8 @@ def _packed_boundaries(position_ids, T):
 
 
 class LinzooModel(LinzooPreTrainedModel):
+    _keys_to_ignore_on_load_unexpected = [r"^lm_head\.weight$"]  # the body alone, from a causal LM's folder
+
     def __init__(self, config):
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)

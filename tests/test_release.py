@@ -19,6 +19,7 @@ from huggingface_hub import CommitOperationDelete, HfApi, ModelCard
 from huggingface_hub.errors import HfHubHTTPError
 
 from linzoo.evals import niah, quality
+from linzoo.evals.common import weights_sha256
 from linzoo.hub_cards import card, plan, push, push_zoo
 from linzoo.modeling.mixers import MIXER_CLASSES
 
@@ -77,9 +78,14 @@ EXPECTED_NUMBERS = {
 def student(tiny_student_dir, tmp_path):
     """A private copy of the tiny student with eval/quality.json, eval/niah.json and the NIAH heatmap."""
     folder = shutil.copytree(tiny_student_dir, tmp_path / "gated_deltanet-base")
-    quality.save_quality(QUALITY, folder / "eval")
-    niah.save_niah(NIAH, folder / "eval")
+    quality.save_quality(measured_on(QUALITY, folder), folder / "eval")
+    niah.save_niah(measured_on(NIAH, folder), folder / "eval")
     return folder
+
+
+def measured_on(results: dict, folder) -> dict:
+    """The results as an eval of `folder` writes them: naming its weights."""
+    return {**results, "weights_sha256": weights_sha256(str(folder))}
 
 
 @pytest.fixture
@@ -182,7 +188,7 @@ def test_missing_results_read_not_measured(tiny_student_dir, tmp_path):
     assert "such a guess would" not in results  # no chance recovery without results
     assert not re.search(r"\d\.\d", results)  # no number filled in anywhere
 
-    niah.save_niah(NIAH, folder / "eval")  # NIAH measured, quality not
+    niah.save_niah(measured_on(NIAH, folder), folder / "eval")  # NIAH measured, quality not
     build = card.build_card(folder)
     assert set(card_numbers(build)) == {k for k in EXPECTED_NUMBERS if k[0].startswith("needle")}
     table = build.text.split("| task | metric |")[1].split("**average**")[0]

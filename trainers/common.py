@@ -2,6 +2,7 @@
 
 import contextlib
 import dataclasses
+import errno
 import json
 import math
 import os
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ..integrity import LINEAGE_FILE, weights_record
+from ..integrity import LINEAGE_FILE, first_nonfinite, weights_record, write_json  # noqa: F401 (the trainers' writer)
 RUN_FILE = "linzoo_run.json"  # the command and arguments a run folder was started with (`run_folder`)
 LOCK_FILE = ".linzoo.lock"  # held by the run writing the folder
 MAX_EPOCHS = 20  # more passes over the data than this need --allow_many_epochs
@@ -91,6 +92,9 @@ class ChatRunArguments(RunArguments):
     save_total_limit: int | None = field(default=2, metadata={"help": "Checkpoints kept."})
 
     def check_chat_run(self):
+        from ..arguments import check_fields
+
+        check_fields(self)  # types, finite numbers, limits: before any other check, and before anything loads
         if self.max_seq_length <= 0 or self.total_tokens <= 0:
             raise ValueError("max_seq_length and total_tokens must be positive.")
         self.max_length = self.max_seq_length
@@ -172,12 +176,103 @@ def run_arguments(*configs):
     return json.loads(json.dumps(kept, default=str))
 
 
-def write_json(path, data):
-    """Whole or not at all: a run killed while writing leaves the old file (or none), never half of one."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+def parameter_bytes(model, trainable_only=False) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad or not trainable_only)
+
+
+def _size(n: float) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
+class DiskFullError(OSError):
+    """A save refused before writing anything: the disk has no room for it. Its strerror is the whole line."""
+
+
+def check_free_space(folder, need: int):
+    """Refuses, before anything is written, a save of about `need` bytes into `folder` (made or not) where the disk has
+    less free: a save the disk cuts off leaves half a file."""
+    folder = Path(folder)
+    free = shutil.disk_usage(next(p for p in (folder, *folder.parents) if p.exists())).free
+    if free < need:
+        raise DiskFullError(errno.ENOSPC, f"the disk is full at {folder}: {_size(free)} free, a save needs "
+                                          f"~{_size(need)}; free space or pass another --output_dir")
+
+
+def check_finite_parameters(model, where: str, fix: str, kept=None):
+    """Refuses, before a save, weights of `model` that are not finite: a FloatingPointError naming `where` (the stage
+    and step), the first such parameter, the save that stays the last finite one (`kept`, None: nothing was saved)
+    and what to change (`fix`). Saves are what mark work done and what a rerun resumes from; the loss check
+    (`TeacherStudentTrainer._check_finite`) reads each step's loss, computed before that step's update, so it never
+    sees a stage's last update. One host sync for all the parameters."""
+    first = first_nonfinite(model.named_parameters())
+    if first is None:
+        return
+    kept = f"the last finite checkpoint, {kept}, is kept" if kept else "no checkpoint was saved before it"
+    raise FloatingPointError(f"Non-finite weights ({first} first) at {where}: not saved; {kept}. {fix}.")
+
+
+def lower_learning_rate(args, stage: int | None = None) -> str:
+    """What to change when training made the weights non-finite: the learning rate it used (`stage`: linearize's)."""
+    if stage is None:
+        return f"Lower --learning_rate (it is {args.learning_rate:g})"
+    return f"Lower --stage_learning_rates (stage {stage} is {args.learning_rate:g})"
+
+
+def newest_checkpoint(folder) -> str | None:
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+    found = [(int(m[1]), p) for p in (Path(folder).iterdir() if Path(folder).is_dir() else ())
+             if (m := re.fullmatch(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)", p.name))]
+    return str(max(found)[1]) if found else None
+
+
+class CheckedSaves:
+    """Trainer mixin (first among the bases): each checkpoint is written only with finite weights and room for it on
+    the disk (`check_save`), so what a rerun resumes from is always good. `stage` (linearize's 1-3) and `kept_before`
+    (the save that stays the last good one until this Trainer's first checkpoint) go into the refusal."""
+
+    stage: int | None = None
+    kept_before: str | None = None
+
+    def check_save(self, optimizer: bool):
+        """Before saving the model into output_dir at the current step (`optimizer`: a checkpoint, with the optimizer's
+        two states per trainable weight)."""
+        out = Path(self.args.output_dir)
+        where = f"{out.name} step {self.state.global_step} of {self.state.max_steps}"
+        check_finite_parameters(self.model, where, lower_learning_rate(self.args, self.stage),
+                                newest_checkpoint(out) or self.kept_before)
+        states = 2 * parameter_bytes(self.model, trainable_only=True) if optimizer else 0
+        check_free_space(out, parameter_bytes(self.model) + states)
+
+    def _save_checkpoint(self, *args, **kwargs):
+        self.check_save(optimizer=True)
+        return super()._save_checkpoint(*args, **kwargs)
+
+
+def with_checked_saves(trainer_cls):
+    """`trainer_cls` (TRL's SFTTrainer, GKDTrainer) with `CheckedSaves`."""
+    return type(trainer_cls.__name__, (CheckedSaves, trainer_cls), {})
+
+
+def remove_checkpoints(folder):
+    """Deletes the Trainer's checkpoints in `folder` (optimizer states included) and those a killed save left
+    (incomplete-checkpoint-*): called once the model they lead to is saved, when nothing resumes from them."""
+    for p in Path(folder).glob("*checkpoint-*"):
+        if p.is_dir() and re.fullmatch(r"(incomplete-)?checkpoint-\d+(-\d+)?", p.name):
+            shutil.rmtree(p)
+
+
+def already_done(out) -> bool:
+    """Whether `out` holds the finished model of its run (its lineage, the last file the run writes): a rerun of the
+    same command (`run_folder` checked it is) has nothing to do. Removes what a kill left of the run's cleanup."""
+    out = Path(out)
+    if not (out / LINEAGE_FILE).is_file():
+        return False
+    print(f"linzoo: already done: {out} holds the finished model ({LINEAGE_FILE}); --overwrite_output_dir true "
+          "starts over")
+    if int(os.environ.get("RANK", 0)) == 0:
+        remove_checkpoints(out)
+    return True
 
 
 def _claim(out: Path, command: str, arguments: dict, overwrite: bool):
@@ -305,11 +400,29 @@ def check_same_vocab(student, teacher):
         )
 
 
-def chat_splits(spec):
+def chat_splits(spec, tokenizer=None, cfg=None):
+    """The training chats of `spec` as TRL prompt/completion pairs. With the run's `tokenizer` and config: only as many
+    chats (in a fixed shuffle, --seed) as --total_tokens needs, with a 10 % margin, so that TRL tokenizes those
+    alone (a 640-token run tokenized a whole 20k-chat file)."""
     from ..data import load_chat_dataset
 
-    train = load_chat_dataset(spec, split="train").map(to_prompt_completion, remove_columns=["messages"])
-    return train
+    train = load_chat_dataset(spec, split="train")
+    if tokenizer is not None and cfg is not None:
+        need, seen, count = cfg.total_tokens * 1.1, 0, 0
+        order = train.shuffle(seed=cfg.seed)
+        for batch in order.iter(batch_size=256):
+            texts = [tokenizer.apply_chat_template(m, tokenize=False) for m in batch["messages"]]
+            for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]:
+                count, seen = count + 1, seen + min(len(ids), cfg.max_seq_length)
+                if seen >= need:
+                    break
+            if seen >= need:
+                break
+        if count < len(train):
+            print(f"linzoo: {count:,} of {len(train):,} chats cover --total_tokens {cfg.total_tokens:,}: training on "
+                  "those")
+            train = order.select(range(count))
+    return train.map(to_prompt_completion, remove_columns=["messages"])
 
 
 def to_prompt_completion(example):
@@ -319,14 +432,17 @@ def to_prompt_completion(example):
     return {"prompt": messages[:last], "completion": [messages[last]]}
 
 
-def save_with_lineage(model, tokenizer, out, stage, parent, record):
+def save_with_lineage(model, tokenizer, out, stage, parent, record, fix="Lower the learning rate", kept=None):
     """Save a loadable folder (weights, modeling files, tokenizer) and its lineage, `linzoo_training.json`:
-    the stage (base / instruct / instruct-distilled), the parent it was trained from, and the run's record."""
+    the stage (base / instruct / instruct-distilled), the parent it was trained from, and the run's record. The
+    lineage comes last and whole (`write_json`): a folder holding it is a finished run. Refused before any write when
+    the weights are not finite (`fix`, `kept`: see `check_finite_parameters`) or the disk has no room for them."""
     out = Path(out)
+    check_finite_parameters(model, f"the final save of the {stage} student", fix, kept)
+    check_free_space(out, parameter_bytes(model))
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    (out / LINEAGE_FILE).write_text(json.dumps({"stage": stage, "parent": parent, **record, **weights_record(out)},
-                                               indent=1))
+    write_json(out / LINEAGE_FILE, {"stage": stage, "parent": parent, **record, **weights_record(out)})
 
 
 def train_resumed(trainer, resume):
@@ -357,10 +473,12 @@ def train_and_save(trainer, model, tokenizer, args, model_args, stage, record):
     if model_args.use_peft:
         model = trainer.model.merge_and_unload()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    save_with_lineage(model, tokenizer, out, stage, model_args.model_name_or_path, {
-        "dataset": args.dataset, "tokens": {stage: trainer.state.num_input_tokens_seen or args.total_tokens},
-        "seconds": round(time.time() - start, 1), "first_loss": losses[0] if losses else None,
-        "final_loss": losses[-1] if losses else None, "lora": bool(model_args.use_peft), **record,
-    })
+    if trainer.is_world_process_zero():
+        save_with_lineage(model, tokenizer, out, stage, model_args.model_name_or_path, {
+            "dataset": args.dataset, "tokens": {stage: trainer.state.num_input_tokens_seen or args.total_tokens},
+            "seconds": round(time.time() - start, 1), "first_loss": losses[0] if losses else None,
+            "final_loss": losses[-1] if losses else None, "lora": bool(model_args.use_peft), **record,
+        }, lower_learning_rate(args), newest_checkpoint(out))
+        remove_checkpoints(out)  # superseded by the saved model; a rerun finds it done (`already_done`)
     print(f"linzoo: saved the {stage} student to {out}")
     return 0

@@ -10,8 +10,8 @@ chat), chunked over the vocabulary as in stage 3.
 
 from trl import ModelConfig, get_peft_config
 
-from .common import (BUDGET_FLAGS, chat_splits, check_same_vocab, parse_config, refuse_unused, run_arguments,
-                     run_folder, steps_for_tokens, train_and_save)
+from .common import (BUDGET_FLAGS, already_done, chat_splits, check_same_vocab, parse_config, refuse_unused,
+                     run_arguments, run_folder, steps_for_tokens, train_and_save, with_checked_saves)
 from .distill_instruct_config import InstructDistillConfig
 from .linearize_trainer import KnowledgeDistillationTrainer
 
@@ -25,16 +25,18 @@ def main(argv=None):
         raise ValueError("Pass the student to distill: --model_name_or_path <folder or Hub id>.")
     with run_folder(args, "distill-instruct", run_arguments(args, model_args),
                     {"model_name_or_path": model_args.model_name_or_path, "teacher": args.teacher}):
+        if already_done(args.output_dir):
+            return 0
         model, tokenizer = load_model(model_args.model_name_or_path)
         teacher, _ = load_teacher(args.teacher)
         check_same_vocab(model, teacher)
         args.max_steps, _ = steps_for_tokens(args.total_tokens, args, args.max_seq_length)
-        data = chat_splits(args.dataset)
+        data = chat_splits(args.dataset, tokenizer, args)
         if args.lmbda > 0:
             from trl.experimental.gkd import GKDTrainer  # after the config's import, which holds back trl.experimental's notice
 
             data = data.map(lambda ex: {"messages": ex["prompt"] + ex["completion"]}, remove_columns=["prompt", "completion"])
-            trainer_cls = GKDTrainer
+            trainer_cls = with_checked_saves(GKDTrainer)  # KnowledgeDistillationTrainer checks its saves itself
         else:
             trainer_cls = KnowledgeDistillationTrainer  # stage 3's loss; the collator's labels (-100 on prompts) pick the completions
         trainer = trainer_cls(model=model, teacher_model=teacher, args=args, train_dataset=data,

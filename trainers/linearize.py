@@ -7,7 +7,10 @@
 Stages (budget split by --stage_fractions, default 0.1/0.2/0.7): 1 attention transfer (only mixers
 train), 2 hidden-state alignment, 3 knowledge distillation. Each stage checkpoints under
 <output_dir>/stageN-*; a rerun of the same command skips finished stages and resumes the running one
-from its last complete checkpoint (same stage, same step; one a kill cut short is moved aside). The
+from its last complete checkpoint (same stage, same step; one a kill cut short is moved aside). No
+save holds non-finite weights. What nothing resumes from is deleted: a stage's checkpoints once it is
+saved, its weights once the next stage is, and all of them once the student is (each stage's
+stage_done.json summary stays); a rerun of a finished run has nothing to do. The
 arguments are recorded in <output_dir>/linzoo_run.json when a run starts: a rerun with others is refused
 (`--overwrite_output_dir true` starts over). The final folder loads with
 `AutoModelForCausalLM.from_pretrained(<output_dir>, trust_remote_code=True)`.
@@ -16,19 +19,22 @@ arguments are recorded in <output_dir>/linzoo_run.json when a run starts: a reru
 import dataclasses
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
 import torch
 from transformers import set_seed
 
-from .common import (BUDGET_FLAGS, check_epochs, check_same_vocab, last_complete_checkpoint, parse_config,
-                     refuse_unused, run_arguments, run_folder, save_with_lineage, steps_for_tokens, train_resumed,
-                     write_json)
+from ..integrity import LINEAGE_FILE
+from .common import (BUDGET_FLAGS, already_done, check_epochs, check_same_vocab, last_complete_checkpoint,
+                     parse_config, refuse_unused, remove_checkpoints, run_arguments, run_folder, save_with_lineage,
+                     steps_for_tokens, train_resumed, write_json)
 from .deadline import WallClockDeadline, stage_deadline
 from .linearize_config import LinearizeConfig
 from .linearize_trainer import AttentionTransferTrainer, HiddenAlignmentTrainer, KnowledgeDistillationTrainer
 
+DONE_FILE = "stage_done.json"  # a finished stage's summary, written after its weights
 STAGES = (
     ("stage1-attention-transfer", AttentionTransferTrainer),
     ("stage2-hidden-alignment", HiddenAlignmentTrainer),
@@ -60,17 +66,32 @@ def set_trainable(student, what):
         p.requires_grad_(in_mixer or what == "all")
 
 
+def finished_stage(out: Path, before: int = len(STAGES)) -> Path | None:
+    """The folder of the last stage before `before` that finished (its stage_done.json), None if none did."""
+    return next((out / name for name, _ in reversed(STAGES[:before]) if (out / name / DONE_FILE).is_file()), None)
+
+
+def remove_stage_weights(stage_dir: Path):
+    """Deletes what a finished stage saved but its summary (stage_done.json): once a later stage, or the whole run,
+    is saved, nothing loads it."""
+    for p in stage_dir.iterdir() if stage_dir.is_dir() else ():
+        if p.name != DONE_FILE:
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+
+
 def run_stage(index, student, teacher, tokenizer, dataset, args, deadline=None):
     name, trainer_cls = STAGES[index]
-    stage_dir = Path(args.output_dir) / name
+    out = Path(args.output_dir)
+    stage_dir = out / name
     steps, per_step = steps_for_tokens(args.stage_tokens()[index], args, args.max_seq_length)
     cfg = dataclasses.replace(
         args, output_dir=str(stage_dir), max_steps=steps, learning_rate=args.stage_learning_rates[index],
         run_name=f"{Path(args.output_dir).name}-{name}",
     )
     set_trainable(student, args.stage_trainable[index])
+    kept_before = finished_stage(out, index)
     trainer = trainer_cls(model=student, args=cfg, train_dataset=dataset, processing_class=tokenizer,
-                          teacher_model=teacher)
+                          teacher_model=teacher, stage=index + 1, kept_before=kept_before and str(kept_before))
     stop = WallClockDeadline(stage_deadline(deadline, args.stage_tokens(), index)) if deadline else None
     if stop:
         trainer.add_callback(stop)
@@ -97,9 +118,14 @@ def run_stage(index, student, teacher, tokenizer, dataset, args, deadline=None):
     if stop and stop.stopped:
         summary.update(planned_steps=steps, stopped_at_deadline=True)
         print(f"linzoo: {name} stopped at its deadline after {done} of {steps} steps; saved")
+    trainer.check_save(optimizer=False)
     trainer.save_model(str(stage_dir))
     if trainer.is_world_process_zero():
-        write_json(stage_dir / "stage_done.json", summary)
+        write_json(stage_dir / DONE_FILE, summary)
+        # superseded, now that this stage is saved: its checkpoints, and the earlier stages' weights
+        remove_checkpoints(stage_dir)
+        for earlier, _ in STAGES[:index]:
+            remove_stage_weights(out / earlier)
     trainer.accelerator.wait_for_everyone()
     return summary
 
@@ -156,9 +182,17 @@ def _linearize(args: LinearizeConfig):
     from .. import linearize, load_teacher
     from ..convert import fresh_parameters
     from ..data import load_chat_dataset, load_text_dataset, pack_dataset, with_chats, with_repeats
+    from ..loading import load_model
     from ..modeling import LinzooForCausalLM
 
     deadline = time.time() + args.max_wall_seconds if args.max_wall_seconds else None  # from the command's start
+    out, writer = Path(args.output_dir), int(os.environ.get("RANK", 0)) == 0  # one writer under torchrun
+    if already_done(out):
+        if writer:
+            for name, _ in STAGES:  # what a kill during the run's last cleanup left
+                remove_stage_weights(out / name)
+        student, tokenizer = load_model(str(out))
+        return student, tokenizer, json.loads((out / LINEAGE_FILE).read_text())
     teacher, tokenizer = load_teacher(args.teacher)
     # auto:K's head scoring and the fitted start run where the training will: on the GPU they take seconds; on its
     # host's CPU, beside five other runs, the scoring alone took 6-8 minutes of a 9-minute train phase (H100, 2026-12-05)
@@ -170,14 +204,23 @@ def _linearize(args: LinearizeConfig):
     dataset = pack_dataset(text, tokenizer, args.max_seq_length, max_tokens=args.total_tokens)
     check_epochs(args, sum(steps_for_tokens(n, args, args.max_seq_length)[0] for n in args.stage_tokens() if n),
                  len(dataset))
-    out = Path(args.output_dir)
-    summaries, student = [], None
+    summaries, student, last = [], None, finished_stage(out)
     for index, (name, _) in enumerate(STAGES):
         stage_dir = out / name
-        if (stage_dir / "stage_done.json").is_file():
-            print(f"linzoo: {name} already finished, loading {stage_dir}")
-            student = LinzooForCausalLM.from_pretrained(stage_dir, dtype=torch.float32)
-            summaries.append(json.loads((stage_dir / "stage_done.json").read_text()))
+        if args.stage_tokens()[index] == 0:
+            continue
+        if (stage_dir / DONE_FILE).is_file():
+            # only the last finished stage keeps its weights (`remove_stage_weights`): the run goes on from them
+            print(f"linzoo: {name} already finished" + (f", loading {stage_dir}" if stage_dir == last else ""))
+            if stage_dir == last:
+                if not (stage_dir / "config.json").is_file():
+                    raise ValueError(f"{stage_dir} finished, but its weights were removed (a later stage of this run "
+                                     "was saved, and its files are gone since): pass --overwrite_output_dir true to "
+                                     "start over")
+                student = LinzooForCausalLM.from_pretrained(stage_dir, dtype=torch.float32)
+                if writer:
+                    remove_checkpoints(stage_dir)  # what a kill right after the stage's save left
+            summaries.append(json.loads((stage_dir / DONE_FILE).read_text()))
             continue
         if student is None:
             set_seed(args.seed)  # the new parameters' initialisation, like the Trainer's own randomness, follows --seed
@@ -193,8 +236,6 @@ def _linearize(args: LinearizeConfig):
                 errors = [v["error"] for k, v in report.items() if isinstance(k, int)]
                 print(f"linzoo: fitted the fresh student to the teacher on {calibration.numel():,} tokens in "
                       f"{report['seconds']} s (mean attention-output error on them {sum(errors) / max(len(errors), 1):.3f})")
-        if args.stage_tokens()[index] == 0:
-            continue
         summaries.append(run_stage(index, student, teacher, tokenizer, dataset, args, deadline))
     for p in student.parameters():
         p.requires_grad_(True)
@@ -211,8 +252,12 @@ def _linearize(args: LinearizeConfig):
         "new_parameters": sorted({name.split(".self_attn.")[1] for name in fresh_parameters(student)}),
         "attn_layers": list(student.config.attn_layers), "attn_layers_choice": attn_layers_choice(out, args, student.config.attn_layers),
     }
-    if int(os.environ.get("RANK", 0)) == 0:  # one writer under torchrun / accelerate launch
-        save_with_lineage(student, tokenizer, out, "base", student.config.teacher, record)
+    if writer:
+        kept = finished_stage(out)
+        save_with_lineage(student, tokenizer, out, "base", student.config.teacher, record,
+                          "Lower --stage_learning_rates", kept and str(kept))
+        for name, _ in STAGES:  # superseded by the saved student; their stage_done.json summaries stay
+            remove_stage_weights(out / name)
     record["stage"] = "base"
     print(f"linzoo: saved the {args.mixer} student to {out}")
     return student, tokenizer, record

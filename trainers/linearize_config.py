@@ -3,7 +3,10 @@
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 from trl import SFTConfig
+
+from ..arguments import check_fields
 
 from ..modeling.mixers import DEFAULT_MIXER, MIXERS
 from .common import KDArguments, RunArguments, default_bf16
@@ -57,7 +60,8 @@ class LinearizeConfig(RunArguments, SFTConfig, KDArguments):
         metadata={"help": "What each stage trains: 'mixers' (the token mixers only; the teacher's other weights stay "
                           "frozen) or 'all'."},
     )
-    kernel_backend: str = field(default="auto", metadata={"help": "'auto', 'fast' (fla kernels) or 'torch'."})
+    kernel_backend: str = field(default="auto", metadata={"help": "'auto', 'fast' (fla kernels) or 'torch'.",
+                                                          "choices": ("auto", "fast", "torch")})
     calibration_tokens: int = field(
         default=4096,
         metadata={"help": "Tokens of the training text (rows of at most 512) the fresh student is fitted to the teacher "
@@ -86,7 +90,12 @@ class LinearizeConfig(RunArguments, SFTConfig, KDArguments):
         metadata={"help": "Rows arrive tokenized and packed (linzoo.data.pack_dataset)."},
     )
 
+    LIMITS = {"attn_layers": {"unique": True}, "window_size": {"min": 0}, "calibration_tokens": {"min": 0},
+              "max_wall_seconds": {"min": 0}, "repeat_every": {"min": 0}, "total_tokens": {"min": 1},
+              "max_seq_length": {"min": 1}, "stage_fractions": {"min": 0}, "stage_learning_rates": {"min": 0}}
+
     def __post_init__(self):
+        check_fields(self)  # types, finite numbers, limits: before any other check, and before anything loads
         if self.mixer not in MIXERS:
             raise ValueError(f"Unknown mixer {self.mixer!r}: pass --mixer one of {', '.join(MIXERS)}.")
         if len(self.stage_fractions) != 3 or any(f < 0 for f in self.stage_fractions) or sum(self.stage_fractions) <= 0:
@@ -99,6 +108,12 @@ class LinearizeConfig(RunArguments, SFTConfig, KDArguments):
             raise ValueError(f"chat_fraction must lie in [0, 1), got {self.chat_fraction}.")
         if self.window_size < 0:
             raise ValueError(f"window_size must be >= 0 (0: off; typical 64-256), got {self.window_size}.")
+        if self.window_size > self.max_seq_length:
+            raise ValueError(f"--window_size {self.window_size} is longer than the rows it trains on (--max_seq_length "
+                             f"{self.max_seq_length}): such a window is full softmax attention; typical 64-256")
+        if self.kernel_backend == "fast" and not torch.cuda.is_available():
+            raise ValueError("--kernel_backend fast runs fla's CUDA kernels, and torch sees no CUDA GPU here: use "
+                             "--kernel_backend torch (or auto)")
         if self.calibration_tokens < 0:
             raise ValueError(f"calibration_tokens must be >= 0 (0: no fit), got {self.calibration_tokens}.")
         if self.max_wall_seconds < 0:

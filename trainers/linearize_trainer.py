@@ -13,6 +13,7 @@ from torch.utils.checkpoint import checkpoint
 from trl import SFTTrainer
 
 from ..capture import mixer_io
+from .common import CheckedSaves
 
 
 def mixed_precision(device, mode):
@@ -25,11 +26,13 @@ def mixed_precision(device, mode):
     return torch.autocast(device.type, dtype=torch.bfloat16 if mode == "bf16" else torch.float16)
 
 
-class TeacherStudentTrainer(SFTTrainer):
-    """SFTTrainer holding a frozen teacher beside the student; stops on a non-finite loss; logs throughput."""
+class TeacherStudentTrainer(CheckedSaves, SFTTrainer):
+    """SFTTrainer holding a frozen teacher beside the student; stops on a non-finite loss, and saves no non-finite
+    weights (`CheckedSaves`; `stage` and `kept_before` go into that refusal); logs throughput."""
 
-    def __init__(self, *args, teacher_model, **kwargs):
+    def __init__(self, *args, teacher_model, stage=None, kept_before=None, **kwargs):
         super().__init__(*args, **kwargs)
+        self.stage, self.kept_before = stage, kept_before
         self.teacher_model = teacher_model.to(self.accelerator.device).eval().requires_grad_(False)
         # Our stage losses are means over each micro-batch, not sums over `num_items_in_batch`: the Trainer must
         # divide them by the accumulation steps (it skips that for models whose forward takes **kwargs).

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from trl import ModelConfig, SFTConfig, SFTTrainer, get_peft_config
 
-from .common import (BUDGET_FLAGS, ChatRunArguments, chat_splits, parse_config, refuse_unused, run_arguments,
-                     run_folder, steps_for_tokens, train_and_save)
+from .common import (BUDGET_FLAGS, ChatRunArguments, already_done, chat_splits, parse_config, refuse_unused,
+                     run_arguments, run_folder, steps_for_tokens, train_and_save, with_checked_saves)
 
 
 @dataclass
@@ -33,10 +33,13 @@ def main(argv=None):
         raise ValueError("Pass the student to tune: --model_name_or_path <folder or Hub id>.")
     with run_folder(args, "sft", run_arguments(args, model_args),
                     {"model_name_or_path": model_args.model_name_or_path}):
+        if already_done(args.output_dir):
+            return 0
         model, tokenizer = load_model(model_args.model_name_or_path)
         args.max_steps, _ = steps_for_tokens(args.total_tokens, args, args.max_seq_length)
-        trainer = SFTTrainer(
-            model=model, args=args, train_dataset=chat_splits(args.dataset), processing_class=tokenizer,
+        trainer = with_checked_saves(SFTTrainer)(
+            model=model, args=args, train_dataset=chat_splits(args.dataset, tokenizer, args),
+            processing_class=tokenizer,
             peft_config=get_peft_config(model_args),
         )
         return train_and_save(trainer, model, tokenizer, args, model_args, "instruct", {})
