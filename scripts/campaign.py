@@ -5,6 +5,7 @@ sizes the runs from the speed phase, and packs the results. device_jobs.sh calls
     python scripts/campaign.py check CAMPAIGN --dev .dev [--dry]        bundles, imports, paths, every line's flags
     python scripts/campaign.py size CAMPAIGN --bench bench_speed.json --seconds S --out sized.runs
     python scripts/campaign.py report --campaign C --work WORK --out OUT
+    python scripts/campaign.py next QUEUE --results results/gpu          the queue's first campaign not yet done
 
 A campaign file: one line each, `#` starts a comment line.
     phase NAME SECONDS          the plan, in order: speed, train, eval (planned seconds; the time accounting)
@@ -273,7 +274,9 @@ def report(c, campaign, work, out):
         speed["size"] = (state / "size.txt").read_text().splitlines()
     (out / "speed.json").write_text(json.dumps(speed, indent=1))
     runs = summarize(work / "runs") if (work / "runs").is_dir() else {}
-    (out / "training.json").write_text(json.dumps({"card": card, "campaign": Path(campaign).name, "runs": runs}, indent=1))
+    done = all(t["state"] == "done" for t in times)
+    (out / "training.json").write_text(json.dumps({"card": card, "campaign": Path(campaign).name, "complete": done,
+                                                   "runs": runs}, indent=1))
     evals = {}
     for f in sorted((work / "eval").glob("*/*/*.json")):  # <model>/<kind>/<kind>.json
         evals.setdefault(f.parts[-3], {})[f.stem] = json.loads(f.read_text())
@@ -283,7 +286,6 @@ def report(c, campaign, work, out):
                         "eval/*.log", "eval/*/*/*.json", "eval/*/*/*.png", "campaign/speed/*", "campaign/size.txt"):
             for p in sorted(work.glob(pattern)):
                 tar.add(p, arcname=str(p.relative_to(work)))
-    done = all(t["state"] == "done" for t in times)
     lines = [f"# GPU campaign `{Path(campaign).name}` — {time.strftime('%Y-%m-%d')}", "",
              f"Card: {card}. {'Complete' if done else 'Partial: the campaign had not finished when this was packed'}. "
              f"Made by `CAMPAIGN={os.path.relpath(campaign, ROOT)} bash scripts/device_jobs.sh campaign` (README: "
@@ -335,6 +337,38 @@ def report(c, campaign, work, out):
     return times
 
 
+def read_queue(path):
+    """The campaign files of a queue file (recipes/135m/gpu-queue.txt), in order: one path a line (relative to the
+    checkout), `#` comments; a missing file is a ValueError naming its line."""
+    path, queue = Path(path), []
+    if not path.is_file():
+        raise FileNotFoundError(f"queue file {path} does not exist")
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        words = shlex.split(line, comments=True)
+        if not words:
+            continue
+        if len(words) != 1 or not (ROOT / words[0]).is_file():
+            raise ValueError(f"{path}:{number}: {line.strip()!r} is not a campaign file of this checkout")
+        queue.append(words[0])
+    if not queue:
+        raise ValueError(f"{path} lists no campaign file")
+    return queue
+
+
+def next_campaign(queue_file, results):
+    """The first campaign of the queue that no complete results/gpu/<date>/training.json records (each campaign's
+    report names its file and whether every phase finished); None when all are done."""
+    done = set()
+    for p in sorted(Path(results).glob("*/training.json")):
+        try:
+            record = json.loads(p.read_text())
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("complete"):
+            done.add(record.get("campaign"))
+    return next((c for c in read_queue(queue_file) if Path(c).name not in done), None)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -357,9 +391,19 @@ def main(argv=None):
     p.add_argument("--campaign", required=True)
     p.add_argument("--work", required=True)
     p.add_argument("--out", required=True)
+    p = sub.add_parser("next")
+    p.add_argument("queue")
+    p.add_argument("--results", default=str(ROOT / "results" / "gpu"))
     args = ap.parse_args(argv)
     prog = f"campaign {args.cmd}"
     try:
+        if args.cmd == "next":
+            head = next_campaign(args.queue, args.results)
+            if head is None:
+                print(f"{prog}: every campaign of {args.queue} is done (results in {args.results})", file=sys.stderr)
+                return 3
+            print(head)
+            return 0
         c = read_campaign(args.campaign)
         if args.cmd == "show":
             print("\n".join(show(c, args.kind)))

@@ -55,6 +55,15 @@ LONG=${LONG-gated_deltanet}  # TRAIN_TOKENS (20M) runs with the recipe's batch; 
 # (all side by side on the one card; results under each name): an ablation at equal budget.
 CAMPAIGN=${CAMPAIGN:-}
 plan() { python3 "$R/scripts/campaign.py" "$@"; }  # the campaign file's reader, checks, sizing and report
+# The queue (issue 32): `campaign` without CAMPAIGN fires the first campaign of QUEUE that no complete
+# results/gpu/<date>/ of this checkout (RESULTS) records; commit each campaign's results to move the queue on.
+QUEUE=${QUEUE:-recipes/135m/gpu-queue.txt}
+if [ -z "$CAMPAIGN" ] && [ "${1:-}" = campaign ]; then
+  case $QUEUE in /*) ;; *) QUEUE=$R/$QUEUE;; esac
+  CAMPAIGN=$(plan next "$QUEUE" --results "${RESULTS:-$R/results/gpu}") \
+    || { echo "campaign: nothing to fire from $QUEUE"; exit 2; }
+  echo "campaign: the queue's next is $CAMPAIGN"
+fi
 if [ -n "$CAMPAIGN" ]; then
   case $CAMPAIGN in /*) ;; *) CAMPAIGN=$R/$CAMPAIGN;; esac  # the jobs run from $WORK/work
   RUNS_LIST=$CAMPAIGN

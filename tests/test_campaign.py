@@ -199,3 +199,35 @@ def test_size_fits_equal_tokens_into_the_train_phase(tmp_path):
     assert tokens == 9000000
     tokens, _ = campaign.size(c, bench, 600, "gated_deltanet", ["--bf16", "false"])
     assert tokens == 5000000 // 16384 * 16384  # whole steps of the recipe's 8 x 2048
+
+
+def test_the_queue_fires_the_first_campaign_not_done(tmp_path):
+    """recipes/135m/gpu-queue.txt (issue 32): every campaign in it reads and its flags parse; `next` skips those a
+    complete results/gpu/<date>/training.json records, keeps a partial one at the head; device_jobs.sh campaign
+    without CAMPAIGN fires the head, and says so when nothing is left."""
+    queue = ROOT / "recipes" / "135m" / "gpu-queue.txt"
+    entries = campaign.read_queue(queue)
+    assert entries[0] == "recipes/135m/campaign.runs"
+    (tmp_path / "dev").mkdir()
+    for entry in entries:
+        errors = campaign.check(campaign.read_campaign(ROOT / entry), tmp_path / "dev", dry=True, teacher="embedded",
+                                extra=["--bf16", "false"])
+        assert not any(e.startswith("run ") and "long corpus" not in e for e in errors), (entry, errors)
+    results = tmp_path / "results"
+    assert campaign.next_campaign(queue, results) == entries[0]
+    for i, entry in enumerate(entries):
+        day = results / f"2026-12-{10 + i}"
+        day.mkdir(parents=True)
+        (day / "training.json").write_text(json.dumps({"campaign": Path(entry).name, "complete": False}))
+        assert campaign.next_campaign(queue, results) == entry  # a partial campaign stays at the head
+        (day / "training.json").write_text(json.dumps({"campaign": Path(entry).name, "complete": True}))
+        assert campaign.next_campaign(queue, results) == (entries[i + 1] if i + 1 < len(entries) else None)
+    env = {**os.environ, "QUEUE": str(queue), "RESULTS": str(results), "WORK": str(tmp_path / "work")}
+    proc = subprocess.run(["bash", "scripts/device_jobs.sh", "campaign"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and "campaign: nothing to fire from" in proc.stdout, proc.stdout + proc.stderr
+    assert "every campaign of" in proc.stderr
+    bad = tmp_path / "q.txt"
+    bad.write_text("recipes/135m/no_such.runs\n")
+    with pytest.raises(ValueError, match=r"q.txt:1: 'recipes/135m/no_such.runs' is not a campaign file"):
+        campaign.read_queue(bad)
