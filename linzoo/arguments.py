@@ -97,7 +97,7 @@ class ArgumentParser(_one_line(argparse.ArgumentParser)):
 TRAINER_LIMITS = {
     "per_device_train_batch_size": {"min": 1}, "per_device_eval_batch_size": {"min": 1},
     "gradient_accumulation_steps": {"min": 1}, "learning_rate": {"min": 0}, "weight_decay": {"min": 0},
-    "warmup_ratio": {"min": 0, "max": 1}, "warmup_steps": {"min": 0}, "max_grad_norm": {"min": 0},
+    "warmup_steps": {"min": 0}, "max_grad_norm": {"min": 0},
     "adam_beta1": {"min": 0, "below": 1}, "adam_beta2": {"min": 0, "below": 1}, "adam_epsilon": {"min": 0},
     "logging_steps": {"min": 0}, "save_steps": {"min": 0}, "save_total_limit": {"min": 1}, "seed": {"min": 0},
     "dataloader_num_workers": {"min": 0}, "lmbda": {"min": 0, "max": 1}, "beta": {"min": 0, "max": 1},

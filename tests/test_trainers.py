@@ -204,7 +204,7 @@ def test_gradient_accumulation_keeps_the_loss_scale(tiny_teacher_dir, tiny_corpu
     for batch, accum in [(2, 1), (1, 2)]:
         out = tmp_path / f"b{batch}"
         argv = _linearize_argv(tiny_teacher_dir, tiny_corpus, out, tokens=128, extra=(
-            "--stage_fractions", "1", "0", "0", "--stage_learning_rates", "0", "0", "0", "--warmup_ratio", "0"))
+            "--stage_fractions", "1", "0", "0", "--stage_learning_rates", "0", "0", "0", "--warmup_steps", "0"))
         argv[argv.index("--per_device_train_batch_size") + 1] = str(batch)
         assert linearize.main([*argv, "--gradient_accumulation_steps", str(accum)]) == 0
         first[batch] = json.loads((out / "linzoo_training.json").read_text())["stages"][0]["first_loss"]

@@ -84,7 +84,6 @@ class LinearizeConfig(RunArguments, SFTConfig, KDArguments):
     save_steps: float = field(default=200, metadata={"help": "Checkpoint every N steps (resume picks the last)."})
     save_total_limit: int | None = field(default=2, metadata={"help": "Checkpoints kept per stage."})
     lr_scheduler_type: str = field(default="cosine", metadata={"help": "Learning-rate schedule of each stage."})
-    warmup_ratio: float = field(default=0.05, metadata={"help": "Warm-up share of each stage."})
     dataset_kwargs: dict | None = field(
         default_factory=lambda: {"skip_prepare_dataset": True},
         metadata={"help": "Rows arrive tokenized and packed (linzoo.data.pack_dataset)."},
