@@ -1,0 +1,740 @@
+"""`linzoo zoo`: one command builds the zoo (issue 30) — every mixer as each variant of a zoo file (base, instruct,
+instruct-distilled, ...), each evaluated beside the teacher, with one report.
+
+    linzoo zoo --config recipes/135m/zoo-cpu.yaml --dry-run              # the plan and its time estimate; runs nothing
+    linzoo zoo --config recipes/135m/zoo-cpu.yaml --out runs/zoo         # build it (run again after a kill: resumes)
+    linzoo zoo --config recipes/135m/zoo-gpu.yaml --jobs 4 --max-seconds 1500
+
+The zoo file (YAML; an unknown key, mixer, command, eval or parent is a one-line error naming the key):
+
+    teacher: embedded                     # what linearize and distill-instruct learn from, evaluated once
+    mixers: all                           # every mixer of the registry, or a list of names
+    jobs: 1                               # steps side by side (--jobs overrides)
+    variants:                             # <out>/<mixer>/<variant>, in this order (parents first)
+      base:     {command: linearize, tokens: 20000, flags: [--window_size, "64"]}
+      instruct: {command: sft, parent: base, tokens: 20000, flags: [--dataset, embedded]}
+    evals:                                # on every row and once on the teacher: <folder>/eval[/<sub>]
+      - {eval: niah, flags: [--lengths, "256,512"]}
+      - {eval: niah, sub: natural, flags: [--variant, natural, --lengths, "256,512"]}
+    estimate:                             # seconds before this build has measured them (then: its own timings)
+      tokens_per_second: {linearize: 60, sft: 300}    # each command alone
+      start_seconds: 30                   # each process: imports, loading the models and the data
+      eval_seconds: {niah: 90, niah/natural: 90}      # a whole eval command, by `eval[/sub]` or eval name
+      side_by_side: 1.7                   # optional: N jobs together run this many times one job's speed
+
+A step is one row (`<mixer>/<variant>`, or the teacher): its training command, its evals, then `linzoo card`. Each
+command is its own process, `python -m linzoo.cli ...`, its output appended to `<folder>.log`; the zoo sets what
+ties a row into the zoo (--teacher, --mixer, --model_name_or_path: the parent's folder, --total_tokens: the budget,
+--output_dir; an eval's --model and --out, and where an eval compares with the teacher's own results, those:
+TEACHER_FLAGS), so the flags may not. A row trains once its parent is trained and is evaluated once the teacher is.
+Resuming: a command whose output is there (a trained folder's lineage; an eval's results, measured on these
+weights) is skipped unless zoo_state.json records another command line for it; anything else runs again, and the
+trainers resume a killed run from its checkpoints (or refuse a folder of other arguments). `<out>/zoo_state.json`
+keeps each command's line, exit code and seconds, which size the estimates of the steps left. `--max-seconds`
+stops every running command at that deadline (the next call resumes). The report, `<out>/zoo.md`, `zoo.json` and
+`zoo.png`, is written after every step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from linzoo.integrity import LINEAGE_FILE, read_json, write_json
+
+# command -> the flags the zoo sets for a row: (teacher, mixer, parent folder) -> flags
+COMMANDS = {
+    "linearize": lambda teacher, mixer, parent: ["--teacher", teacher, "--mixer", mixer],
+    "sft": lambda teacher, mixer, parent: ["--model_name_or_path", parent],
+    "distill-instruct": lambda teacher, mixer, parent: ["--model_name_or_path", parent, "--teacher", teacher],
+}
+# eval -> the flags that give a student's run the teacher's own results (scored once, in <out>/teacher/eval[/sub]):
+# (teacher spec, teacher's results file) -> flags. The evals that score a student against its teacher.
+TEACHER_FLAGS = {"quality": lambda teacher, results: ["--teacher", teacher, "--teacher_results", str(results)]}
+OWNED = {"--teacher", "--mixer", "--model_name_or_path", "--total_tokens", "--output_dir", "--model", "--out",
+         "--teacher_results"}
+TOP_KEYS = {"teacher", "mixers", "jobs", "variants", "evals", "estimate"}
+VARIANT_KEYS, EVAL_KEYS = {"command", "parent", "tokens", "flags"}, {"eval", "sub", "flags"}
+ESTIMATE_KEYS = {"tokens_per_second", "start_seconds", "eval_seconds", "side_by_side"}
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+STATE_FILE, CARD_FILE = "zoo_state.json", "README.md"
+
+
+@dataclass
+class Variant:
+    name: str
+    command: str
+    parent: str | None
+    tokens: int
+    flags: list[str]
+
+
+@dataclass
+class EvalEntry:
+    eval: str
+    sub: str
+    flags: list[str]
+
+    @property
+    def label(self) -> str:
+        return f"{self.eval}/{self.sub}" if self.sub else self.eval
+
+
+@dataclass
+class Zoo:
+    path: str
+    teacher: str
+    mixers: list[str]
+    jobs: int
+    variants: dict[str, Variant]
+    evals: list[EvalEntry]
+    estimate: dict
+
+
+def _flags(value, where) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or any(isinstance(v, (dict, list)) or v is None for v in value):
+        raise ValueError(f"{where}: give a list of command-line words, e.g. [--lengths, \"256,512\"]")
+    words = [str(v).lower() if isinstance(v, bool) else str(v) for v in value]
+    for w in words:
+        if w.split("=")[0] in OWNED:
+            raise ValueError(f"{where}: {w.split('=')[0]} is the zoo's to set (it ties each row into the zoo)")
+    return words
+
+
+def _mapping(value, where, keys) -> dict:
+    """`value` as a mapping of `keys` only; `where` is "<file>: <key>" ("<file>:" at the top)."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}: give a mapping (keys {', '.join(sorted(keys))})")
+    unknown = [k for k in value if k not in keys]
+    if unknown:
+        raise ValueError(f"{where}{' ' if where.endswith(':') else '.'}{unknown[0]}: unknown key "
+                         f"(known: {', '.join(sorted(keys))})")
+    return value
+
+
+def _number(value, where, integer=False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value) \
+            or (integer and value != int(value)):
+        raise ValueError(f"{where}: give a positive {'whole number' if integer else 'number'}, not {value!r}")
+    return int(value) if integer else float(value)
+
+
+def read_zoo(path) -> Zoo:
+    """The zoo file at `path`, checked whole before anything runs: a ValueError naming the first bad key."""
+    import yaml
+
+    from linzoo.evals.registry import EVAL_MODULES
+    from linzoo.modeling.mixers import MIXERS
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"zoo file {path} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path}: not valid YAML: {' '.join(str(err).split())}") from None
+    raw = _mapping(raw, f"{path}:", TOP_KEYS)
+    for key in ("teacher", "mixers", "variants", "estimate"):
+        if key not in raw:
+            raise ValueError(f"{path}: {key}: missing")
+    at = lambda key: f"{path}: {key}"  # noqa: E731
+    mixers = list(MIXERS) if raw["mixers"] == "all" else raw["mixers"]
+    if not isinstance(mixers, list) or not mixers:
+        raise ValueError(f"{at('mixers')}: give 'all' or a list of mixers ({', '.join(MIXERS)})")
+    for m in mixers:
+        if m not in MIXERS or mixers.count(m) > 1:
+            why = "listed twice" if m in MIXERS else f"unknown mixer (known: {', '.join(MIXERS)})"
+            raise ValueError(f"{at('mixers')}: {m!r}: {why}")
+    variants = {}
+    if not isinstance(raw["variants"], dict) or not raw["variants"]:
+        raise ValueError(f"{at('variants')}: give a mapping of variant name -> {{command, parent, tokens, flags}}")
+    for name, v in raw["variants"].items():
+        where = at(f"variants.{name}")
+        if not isinstance(name, str) or not NAME.fullmatch(name) or name == "teacher":
+            raise ValueError(f"{where}: a variant's name is a folder name (letters, digits, _ and -), not 'teacher'")
+        v = _mapping(v, where, VARIANT_KEYS)
+        if v.get("command") not in COMMANDS:
+            raise ValueError(f"{where}.command: {v.get('command')!r}: unknown command "
+                             f"(known: {', '.join(COMMANDS)})")
+        parent = v.get("parent")
+        if (parent is None) != (v["command"] == "linearize"):
+            why = ("linearize starts from the teacher: no parent" if parent
+                   else f"{v['command']} trains a student further: name its parent variant")
+            raise ValueError(f"{where}.parent: {why}")
+        if "tokens" not in v:
+            raise ValueError(f"{where}.tokens: missing (the budget, --total_tokens)")
+        variants[name] = Variant(name, v["command"], parent, _number(v["tokens"], f"{where}.tokens", integer=True),
+                                 _flags(v.get("flags"), f"{where}.flags"))
+    ordered = {}  # parents first (the order of the plan), a loop or an unknown parent named
+    while len(ordered) < len(variants):
+        ready = [v for v in variants.values() if v.name not in ordered and (v.parent is None or v.parent in ordered)]
+        if not ready:
+            bad = next(v for v in variants.values() if v.name not in ordered)
+            why = "unknown variant" if bad.parent not in variants else "its parents form a loop"
+            raise ValueError(f"{at(f'variants.{bad.name}.parent')}: {bad.parent!r}: {why} "
+                             f"(variants: {', '.join(variants)})")
+        ordered |= {v.name: v for v in ready}
+    evals = []
+    for i, e in enumerate(raw.get("evals") or []):
+        e = _mapping(e, at(f"evals[{i}]"), EVAL_KEYS)
+        if e.get("eval") not in EVAL_MODULES:
+            raise ValueError(f"{at(f'evals[{i}].eval')}: {e.get('eval')!r}: unknown eval "
+                             f"(known: {', '.join(EVAL_MODULES)})")
+        sub = str(e.get("sub") or "")
+        if sub and not NAME.fullmatch(sub):
+            raise ValueError(f"{at(f'evals[{i}].sub')}: {sub!r}: a sub-folder name (letters, digits, _ and -)")
+        entry = EvalEntry(e["eval"], sub, _flags(e.get("flags"), at(f"evals[{i}].flags")))
+        if any(x.label == entry.label for x in evals):
+            raise ValueError(f"{at(f'evals[{i}]')}: {entry.label} is there twice: give one a sub (its sub-folder)")
+        evals.append(entry)
+    est = _mapping(raw["estimate"], at("estimate"), ESTIMATE_KEYS)
+    rates = _mapping(est.get("tokens_per_second") or {}, at("estimate.tokens_per_second"), set(COMMANDS))
+    seconds = _mapping(est.get("eval_seconds") or {}, at("estimate.eval_seconds"),
+                       {x for e in evals for x in (e.label, e.eval)})
+    estimate = {"tokens_per_second": {}, "eval_seconds": {}, "start_seconds": 0.0, "side_by_side": None}
+    for key in ("start_seconds", "side_by_side"):
+        if key in est:
+            estimate[key] = _number(est[key], at(f"estimate.{key}"))
+    for command in dict.fromkeys(v.command for v in ordered.values()):
+        if command not in rates:
+            raise ValueError(f"{at('estimate.tokens_per_second')}.{command}: missing (tokens/s of `linzoo {command}`)")
+        estimate["tokens_per_second"][command] = _number(rates[command], at(f"estimate.tokens_per_second.{command}"))
+    for e in evals:
+        key = e.label if e.label in seconds else e.eval
+        if key not in seconds:
+            raise ValueError(f"{at('estimate.eval_seconds')}.{e.label}: missing (seconds of one such eval)")
+        estimate["eval_seconds"][e.label] = _number(seconds[key], at(f"estimate.eval_seconds.{key}"))
+    jobs = _number(raw.get("jobs", 1), at("jobs"), integer=True)
+    teacher = raw["teacher"]
+    if not isinstance(teacher, str) or not teacher:
+        raise ValueError(f"{at('teacher')}: give a Hub id, a folder, a .gguf file or 'embedded'")
+    return Zoo(str(path), teacher, mixers, jobs, ordered, evals, estimate)
+
+
+# ------------------------------------------------------------------------------------------------- plan
+
+
+@dataclass
+class Command:
+    label: str  # "train", "eval <eval[/sub]>", "card"
+    argv: list[str]  # after `linzoo`
+    output: Path  # what it leaves when done: the lineage, the results file, the card
+    tokens: int = 0
+    command: str = ""  # a training command's name
+
+
+@dataclass
+class Step:
+    name: str  # "teacher" or "<mixer>/<variant>"
+    folder: Path
+    mixer: str | None = None
+    variant: str | None = None
+    parent: str | None = None  # the step it trains on; None: the teacher
+    train: Command | None = None
+    evals: list[Command] = field(default_factory=list)
+    card: Command | None = None
+
+    @property
+    def log(self) -> Path:
+        return Path(f"{self.folder}.log")
+
+    @property
+    def commands(self) -> list[Command]:
+        return [c for c in (self.train, *self.evals, self.card) if c is not None]
+
+
+def eval_commands(zoo: Zoo, model: str, folder: Path, teacher_eval: Path | None) -> list[Command]:
+    """The evals of one row (`teacher_eval`: where the teacher's results are; None: this is the teacher's row)."""
+    from linzoo.evals.registry import get_eval
+
+    out = []
+    for e in zoo.evals:
+        where = folder / "eval" / e.sub if e.sub else folder / "eval"
+        result = get_eval(e.eval).result_file
+        extra = []
+        if teacher_eval is not None and e.eval in TEACHER_FLAGS:
+            extra = TEACHER_FLAGS[e.eval](zoo.teacher, (teacher_eval / e.sub if e.sub else teacher_eval) / result)
+        out.append(Command(f"eval {e.label}", ["eval", e.eval, "--model", model, "--out", str(where), *extra, *e.flags],
+                           where / result))
+    return out
+
+
+def plan(zoo: Zoo, out) -> list[Step]:
+    """The teacher's evals, then every mixer's variants, parents first: the order steps start in."""
+    out = Path(out)
+    teacher = Step("teacher", out / "teacher")
+    teacher.evals = eval_commands(zoo, zoo.teacher, teacher.folder, None)
+    steps = [teacher]
+    for mixer in zoo.mixers:
+        for v in zoo.variants.values():
+            folder = out / mixer / v.name
+            parent = out / mixer / v.parent if v.parent else None
+            argv = [v.command, *COMMANDS[v.command](zoo.teacher, mixer, str(parent)), "--total_tokens", str(v.tokens),
+                    *v.flags, "--output_dir", str(folder)]
+            step = Step(f"{mixer}/{v.name}", folder, mixer, v.name, f"{mixer}/{v.parent}" if v.parent else None,
+                        Command("train", argv, folder / LINEAGE_FILE, v.tokens, v.command))
+            step.evals = eval_commands(zoo, str(folder), folder, teacher.folder / "eval")
+            # --overwrite: the folder is the zoo's own, and sft's Trainer leaves its own README.md there
+            step.card = Command("card", ["card", str(folder), "--overwrite"], folder / CARD_FILE)
+            steps.append(step)
+    return steps
+
+
+# ------------------------------------------------------------------------------------------ state, time
+
+
+def read_state(out) -> dict:
+    path = Path(out) / STATE_FILE
+    state = read_json(path) if path.is_file() else {}
+    return state if isinstance(state.get("steps"), dict) else {"schema": "linzoo.zoo_state/v1", "steps": {}}
+
+
+def is_done(step: Step, cmd: Command, state: dict) -> bool:
+    """Whether `cmd` need not run: its output is there (an eval's, measured on the folder's present weights) and
+    zoo_state.json records no other command line for it."""
+    record = state["steps"].get(step.name, {}).get(cmd.label)
+    if not cmd.output.is_file() or (record is not None and record["argv"] != cmd.argv):
+        return False
+    if cmd.label == "card":  # a README.md may be the Trainer's: the card is done where this build wrote it
+        return record is not None and record["rc"] == 0
+    if cmd.label.startswith("eval") and step.train is not None:
+        from linzoo.evals.common import weights_sha256
+
+        try:
+            measured = json.loads(cmd.output.read_text()).get("weights_sha256")
+        except (OSError, ValueError):
+            return False
+        return measured is not None and measured == weights_sha256(str(step.folder))
+    return True
+
+
+def command_seconds(step: Step, cmd: Command, zoo: Zoo, state: dict) -> float:
+    """What `cmd` should take: this build's own timings of its kind (training: the same command, the same mixer where
+    measured), else the zoo file's figures (slowed down when jobs share a machine: `side_by_side`)."""
+    done = [r | {"step": s} for s, records in state["steps"].items() for r in records.values()
+            if r.get("rc") == 0 and r.get("seconds")]
+    est = zoo.estimate
+    alone = (zoo.jobs / est["side_by_side"]) if est["side_by_side"] and zoo.jobs > 1 else 1.0
+    if cmd.label == "train":
+        for same in ([r for r in done if r.get("command") == cmd.command and r["step"].split("/")[0] == step.mixer],
+                     [r for r in done if r.get("command") == cmd.command]):
+            if same:
+                return cmd.tokens * sum(r["seconds"] for r in same) / sum(r["tokens"] for r in same)
+        return (est["start_seconds"] + cmd.tokens / est["tokens_per_second"][cmd.command]) * alone
+    same = [r["seconds"] for r in done if r.get("label") == cmd.label]
+    if same:
+        return sum(same) / len(same)
+    return (est["eval_seconds"][cmd.label.split(" ", 1)[1]] if cmd.label != "card" else est["start_seconds"]) * alone
+
+
+def makespan(tasks: list[tuple[str, float, list[str]]], jobs: int) -> float:
+    """Seconds until the last of `tasks` ((name, seconds, names it waits for), in the order they start) ends, `jobs`
+    at a time; a task waiting on a name not listed waits on nothing."""
+    names = {t[0] for t in tasks}
+    ends, running, now, pending = {}, [], 0.0, list(tasks)
+    while pending or running:
+        for t in list(pending):
+            if len(running) >= jobs:
+                break
+            if all(d not in names or ends.get(d, math.inf) <= now for d in t[2]):
+                pending.remove(t)
+                running.append((now + t[1], t[0]))
+        if not running:  # waiting on a task that cannot end: a loop (read_zoo refuses one)
+            raise ValueError(f"tasks wait on each other: {[t[0] for t in pending]}")
+        running.sort()
+        now, name = running.pop(0)
+        ends[name] = now
+    return now
+
+
+def duration(seconds: float) -> str:
+    seconds = round(seconds)
+    if seconds < 120:
+        return f"{seconds} s"
+    hours, minutes = divmod(round(seconds / 60), 60)
+    return f"{hours} h {minutes} min" if hours else f"{minutes} min"
+
+
+# ----------------------------------------------------------------------------------------------- build
+
+
+def tasks_of(steps: list[Step]) -> list[dict]:
+    """Each step as its tasks: training (waits on the parent's training) and evaluation with the card (waits on the
+    step's training and the teacher's evals)."""
+    tasks = []
+    for s in steps:
+        if s.train:
+            tasks.append({"name": f"{s.name}:train", "step": s, "commands": [s.train],
+                          "after": [f"{s.parent}:train"] if s.parent else []})
+        tasks.append({"name": f"{s.name}:eval", "step": s, "commands": [c for c in (*s.evals, s.card) if c],
+                      "after": [f"{s.name}:train", "teacher:eval"] if s.train else []})
+    return tasks
+
+
+def die_with_parent():
+    """On Linux, what a command runs first: SIGTERM when the zoo's process dies (even by SIGKILL), so that no orphan
+    trains on holding its folder's lock (PR_SET_PDEATHSIG; looked up here, not in the forked child)."""
+    if sys.platform != "linux":
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    return lambda: prctl(1, signal.SIGTERM)
+
+
+class Build:
+    """Runs the plan: tasks start in plan order once what they wait on is done, `jobs` at a time; each command is a
+    subprocess; progress lines, zoo_state.json and the report after each step."""
+
+    def __init__(self, zoo: Zoo, steps: list[Step], out, jobs: int, max_seconds: float = 0, say=print):
+        self.zoo, self.steps, self.out, self.jobs, self.say = zoo, steps, Path(out), jobs, say
+        self.deadline = time.time() + max_seconds if max_seconds else None
+        self.state = read_state(out)
+        self.tasks = tasks_of(steps)
+        self.status = {}  # task name -> "done" | "failed" | "blocked"
+        self.ran = set()  # steps that ran a command in this call (their card is written again)
+        self.running = {}  # task name -> (task, command index, Popen, started, log file)
+        self.counted = set()  # steps whose end was announced
+        self.die_with_parent = die_with_parent()
+
+    def seconds_left(self) -> float:
+        now, tasks = time.time(), []
+        for t in self.tasks:
+            if self.status.get(t["name"]) in ("done", "failed", "blocked"):
+                continue
+            first = self.running[t["name"]][1] if t["name"] in self.running else 0
+            secs = sum(command_seconds(t["step"], c, self.zoo, self.state) for c in t["commands"][first:]
+                       if not is_done(t["step"], c, self.state))
+            if t["name"] in self.running:
+                secs = max(0.0, secs - (now - self.running[t["name"]][3]))
+            tasks.append((t["name"], secs, t["after"]))
+        return makespan(tasks, self.jobs) if tasks else 0.0
+
+    def record(self, step: Step, cmd: Command, rc: int, seconds: float):
+        self.state["steps"].setdefault(step.name, {})[cmd.label] = {
+            "label": cmd.label, "argv": cmd.argv, "rc": rc, "seconds": round(seconds, 1), "tokens": cmd.tokens,
+            "command": cmd.command, "ended": time.strftime("%Y-%m-%d %H:%M:%S")}
+        self.out.mkdir(parents=True, exist_ok=True)
+        write_json(self.out / STATE_FILE, self.state)
+
+    def start_next(self, task, index: int) -> bool:
+        """Starts the task's first command from `index` that is not done; False when none is left."""
+        step = task["step"]
+        for i in range(index, len(task["commands"])):
+            cmd = task["commands"][i]
+            if is_done(step, cmd, self.state) and not (cmd.label == "card" and step.name in self.ran):
+                continue
+            self.ran.add(step.name)
+            step.log.parent.mkdir(parents=True, exist_ok=True)
+            log = open(step.log, "a")
+            log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} $ linzoo {shlex.join(cmd.argv)}\n")
+            log.flush()
+            proc = subprocess.Popen([sys.executable, "-m", "linzoo.cli", *cmd.argv], stdout=log,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    preexec_fn=self.die_with_parent)
+            self.running[task["name"]] = (task, i, proc, time.time(), log)
+            self.say(f"  {step.name}: {cmd.label} started (log: {step.log})")
+            return True
+        return False
+
+    def end_task(self, task, status: str, why: str = ""):
+        self.status[task["name"]] = status
+        step = task["step"]
+        if step.name in self.counted or (status == "done" and not task["name"].endswith(":eval")):
+            return
+        self.counted.add(step.name)
+        n = f"[{len(self.counted)}/{len(self.steps)}] {step.name}:"
+        took = sum(r.get("seconds", 0) for r in self.state["steps"].get(step.name, {}).values())
+        if status == "done" and step.name not in self.ran:
+            self.say(f"{n} done earlier (skipped)")
+        elif status == "done":
+            self.say(f"{n} done in {took:.0f} s, est. left {duration(self.seconds_left())}")
+        else:
+            self.say(f"{n} {'FAILED: ' if status == 'failed' else ''}{why}")
+        write_report(self.zoo, self.steps, self.out, self.state, self.status_of)
+
+    def status_of(self, step: Step) -> str:
+        names = [f"{step.name}:train"] * bool(step.train) + [f"{step.name}:eval"]
+        states = [self.status.get(n) for n in names]
+        if all(s == "done" for s in states):
+            return "done"
+        if any(s in ("failed", "blocked") for s in states):
+            return "failed" if "failed" in states else "not run"
+        return "running" if any(n in self.running for n in names) else "to do"
+
+    def stop_all(self):
+        for task, _, proc, _, log in self.running.values():
+            proc.terminate()
+        for task, _, proc, _, log in self.running.values():
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            log.close()
+        self.running.clear()
+
+    def run(self) -> int:
+        pending = list(self.tasks)
+        try:
+            while pending or self.running:
+                if self.deadline and time.time() > self.deadline:
+                    self.stop_all()
+                    left = len(self.steps) - sum(self.status_of(s) == "done" for s in self.steps)
+                    self.say(f"zoo: not finished: the deadline (--max-seconds) came with {left} steps left; run the "
+                             "same command again (it resumes)")
+                    return 3
+                for task in list(pending):
+                    if len(self.running) >= self.jobs:
+                        break
+                    after = [self.status.get(a) for a in task["after"]]
+                    if any(a in ("failed", "blocked") for a in after):
+                        pending.remove(task)
+                        bad = next(a for a in task["after"] if self.status.get(a) in ("failed", "blocked"))
+                        what = "not evaluated" if task["name"].endswith(":eval") and task["step"].train else "not run"
+                        self.end_task(task, "blocked", f"{what}: {bad.split(':')[0]} did not finish")
+                    elif all(a == "done" for a in after):
+                        pending.remove(task)
+                        if not self.start_next(task, 0):
+                            self.end_task(task, "done")
+                for name, (task, i, proc, started, log) in list(self.running.items()):
+                    rc = proc.poll()
+                    if rc is None:
+                        continue
+                    log.close()
+                    del self.running[name]
+                    cmd = task["commands"][i]
+                    self.record(task["step"], cmd, rc, time.time() - started)
+                    if rc != 0:
+                        what = " ".join(cmd.argv[:2] if cmd.argv[0] == "eval" else cmd.argv[:1])
+                        log = task["step"].log
+                        self.end_task(task, "failed", f"`linzoo {what}` exited with {rc}: {last_line(log)} "
+                                                      f"(log: {log})")
+                    elif not self.start_next(task, i + 1):
+                        self.end_task(task, "done")
+                time.sleep(0.2)
+        finally:
+            self.stop_all()
+            write_report(self.zoo, self.steps, self.out, self.state, self.status_of)
+        failed = [s.name for s in self.steps if self.status_of(s) != "done"]
+        if failed:
+            self.say(f"zoo: FAILED: {', '.join(failed)} did not finish (their logs: <folder>.log); the report: "
+                     f"{self.out / 'zoo.md'}")
+            return 1
+        self.say(f"zoo: done: {len(self.steps)} steps; the report: {self.out / 'zoo.md'}")
+        return 0
+
+
+def last_line(log: Path) -> str:
+    lines = [line.strip() for line in log.read_text(errors="replace").splitlines()[-40:] if line.strip()]
+    return lines[-1][:300] if lines else "(no output)"
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+
+def niah_headline(r: dict) -> dict:
+    return {"by_length": {n: [a, r["mean_by_length_se"][n]] for n, a in r["mean_by_length"].items()},
+            "overall": [r["overall"], r["overall_se"]]}
+
+
+def quality_headline(r: dict) -> dict:
+    above = r.get("recovery_above_chance") or {}
+    return {"recovery_above_chance": [above.get("average"), (above.get("stderr") or {}).get("average")],
+            "perplexity": r.get("perplexity"), "teacher_perplexity": r.get("teacher_perplexity")}
+
+
+# eval -> its headline numbers in the zoo's report; an eval not listed is reported as measured or not
+HEADLINES = {"niah": niah_headline, "quality": quality_headline}
+
+
+def report_rows(zoo: Zoo, steps: list[Step], state: dict, status_of=None) -> list[dict]:
+    """One dict per step: what it is, its state, its seconds, and each eval's headline numbers (None: not measured)."""
+    from linzoo.evals.registry import get_eval
+
+    rows = []
+    for s in steps:
+        records = state["steps"].get(s.name, {})
+        row = {"step": s.name, "mixer": s.mixer, "variant": s.variant,
+               "parent": s.parent or ("teacher" if s.train else None), "folder": str(s.folder),
+               "seconds": round(sum(r.get("seconds", 0) for r in records.values())),
+               "state": status_of(s) if status_of else "done" if all(is_done(s, c, state) for c in s.commands)
+               else "to do", "evals": {}}
+        for e, cmd in zip(zoo.evals, s.evals):
+            data = get_eval(e.eval).read(cmd.output)
+            row["evals"][e.label] = None if data is None else HEADLINES.get(e.eval, lambda r: {})(data)
+        rows.append(row)
+    teacher = rows[0]["evals"]  # perplexity against the teacher row's own, where measured
+    for row in rows:
+        for label, h in row["evals"].items():
+            if h and "perplexity" in h:
+                base = (teacher.get(label) or {}).get("perplexity") or h.get("teacher_perplexity")
+                h["perplexity_ratio"] = h["perplexity"] / base if h["perplexity"] and base else None
+    return rows
+
+
+def _pm(pair, spec=".2f") -> str:
+    value, se = pair
+    return "—" if value is None else format(value, spec) + ("" if se is None else f"±{se:{spec}}")
+
+
+def write_report(zoo: Zoo, steps: list[Step], out, state: dict, status_of=None) -> list[dict]:
+    """<out>/zoo.json (the rows), zoo.md (the table) and zoo.png (the figure)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = report_rows(zoo, steps, state, status_of)
+    report = {"schema": "linzoo.zoo/v1", "zoo_file": zoo.path, "teacher": zoo.teacher,
+              "written": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows}
+    write_json(out / "zoo.json", report)
+    (out / "zoo.md").write_text(markdown(zoo, rows))  # the table of zoo.json: written again after every step
+    figure(rows, out / "zoo.png")
+    return rows
+
+
+def markdown(zoo: Zoo, rows: list[dict]) -> str:
+    heads, cells = [], [[] for _ in rows]
+    for e in zoo.evals:  # by what its headline holds (HEADLINES)
+        kind = [row["evals"].get(e.label) for row in rows]
+        shape = next((h for h in kind if h), {})
+        if "by_length" in shape:
+            lengths = list(dict.fromkeys(n for h in kind if h for n in h["by_length"]))
+            heads.append(f"{e.label} by length ({' / '.join(lengths) or 'lengths'})")
+            for c, h in zip(cells, kind):
+                c.append(" / ".join(_pm(h["by_length"].get(n, (None, None))) for n in lengths) if h else "—")
+        elif "recovery_above_chance" in shape:
+            heads += [f"{e.label}: recovery above chance %", f"{e.label}: perplexity × teacher"]
+            for c, h, row in zip(cells, kind, rows):
+                teacher = row["step"] == "teacher"
+                c.append("(the reference)" if teacher and h else _pm(h["recovery_above_chance"], ".1f") if h else "—")
+                ratio = h and h.get("perplexity_ratio")
+                c.append(f"{ratio:.2f} ({h['perplexity']:.1f})" if ratio else "—")
+        else:
+            heads.append(e.label)
+            for c, h in zip(cells, kind):
+                c.append("measured" if h is not None else "—")
+    done = sum(r["state"] == "done" for r in rows)
+    lines = [f"# The zoo of `{zoo.path}`", "",
+             f"Teacher `{zoo.teacher}`; {done} of {len(rows)} steps done ({time.strftime('%Y-%m-%d %H:%M')}). "
+             "NIAH: accuracy ± binomial standard error; recovery above chance: (s − c) / (t − c) over the tasks "
+             "where the teacher is clearly above chance, ± its standard error; perplexity on held-out text over "
+             "the teacher's (the student's own in brackets).", "",
+             "| model | parent | state | time | " + " | ".join(heads) + " |", "|---" * (4 + len(heads)) + "|"]
+    for row, c in zip(rows, cells):
+        name = f"teacher `{zoo.teacher}`" if row["step"] == "teacher" else row["step"]
+        took = duration(row["seconds"]) if row["seconds"] else "—"
+        lines.append(f"| {name} | {row['parent'] or ''} | {row['state']} | {took} | " + " | ".join(c) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def figure(rows: list[dict], path: Path):
+    """Per mixer (groups) × variant (bars): each NIAH eval's overall accuracy and each quality eval's recovery above
+    chance, with error bars; the teacher as a dashed line."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    teacher, students = rows[0], [r for r in rows if r["mixer"]]
+    panels = []  # (label, key, what, teacher's value)
+    for label, h in (students[0]["evals"] if students else {}).items():
+        th = teacher["evals"].get(label)
+        kind = next((x["evals"][label] for x in rows if x["evals"].get(label)), None) or {}
+        if "overall" in kind:
+            panels.append((label, "overall", f"{label}: overall accuracy", th and th["overall"][0]))
+        elif "recovery_above_chance" in kind:
+            panels.append((label, "recovery_above_chance", f"{label}: recovery above chance %", 100.0))
+    mixers = list(dict.fromkeys(r["mixer"] for r in students))
+    variants = list(dict.fromkeys(r["variant"] for r in students))
+    fig = Figure(figsize=(max(6.0, 1.1 * len(mixers) + 3), 2.8 * max(1, len(panels))))
+    FigureCanvasAgg(fig)
+    width = 0.8 / max(1, len(variants))
+    for k, (label, key, title, line) in enumerate(panels):
+        ax = fig.add_subplot(len(panels), 1, k + 1)
+        for j, variant in enumerate(variants):
+            xs, ys, es = [], [], []
+            for i, mixer in enumerate(mixers):
+                h = next((r["evals"].get(label) for r in students if (r["mixer"], r["variant"]) == (mixer, variant)),
+                         None)
+                measured = h and h[key][0] is not None  # NaN: no bar, but the legend keeps the variant's colour
+                xs.append(i + (j - (len(variants) - 1) / 2) * width)
+                ys.append(h[key][0] if measured else math.nan)
+                es.append((h[key][1] or 0.0) if measured else 0.0)
+            ax.bar(xs, ys, width, yerr=es, capsize=2, label=variant, color=f"C{j}")
+        if line is not None:
+            ax.axhline(line, color="black", linestyle="--", linewidth=1, label="teacher")
+        ax.set_xticks(range(len(mixers)), mixers, fontsize=8)
+        ax.set_xlim(-0.5, len(mixers) - 0.5)
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    if not panels:
+        fig.text(0.5, 0.5, "nothing measured yet", ha="center")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+# ------------------------------------------------------------------------------------------------- CLI
+
+
+def plan_lines(zoo: Zoo, steps: list[Step], out, jobs: int, state: dict) -> list[str]:
+    measured = sum(r.get("rc") == 0 for rec in state["steps"].values() for r in rec.values())
+    lines = [f"zoo plan: {zoo.path} -> {out}: {len(zoo.mixers)} mixers × {len(zoo.variants)} variants = "
+             f"{len(steps) - 1} students, and the teacher `{zoo.teacher}` evaluated once; {jobs} at a time",
+             "each row's evals (results in <folder>/eval[/sub]), then `linzoo card <folder>`:"]
+    lines += [f"  eval {e.label:18s} linzoo eval {e.eval} --model <folder> --out <folder>/eval"
+              f"{'/' * bool(e.sub)}{e.sub} {shlex.join(e.flags)}" for e in zoo.evals]
+    for e in zoo.evals:
+        if e.eval in TEACHER_FLAGS:
+            flags = shlex.join(TEACHER_FLAGS[e.eval](zoo.teacher, f"{out}/teacher/eval/..."))
+            lines.append(f"  ({e.label} of a student adds {flags}: scored against the teacher row's results)")
+    tasks = []
+    for n, s in enumerate(steps, 1):
+        left = [c for c in s.commands if not is_done(s, c, state)]
+        secs = {c.label: command_seconds(s, c, zoo, state) for c in left}
+        status = "done" if not left else "to do" if len(left) == len(s.commands) else "partly done"
+        lines.append(f"[{n:2d}] {s.name:30s} from {s.parent or ('teacher' if s.train else '-'):30s} "
+                     f"est. {duration(sum(secs.values())):>10s}  {status}  -> {s.folder}")
+        if s.train:
+            lines.append(f"     linzoo {shlex.join(s.train.argv)}")
+        for t in tasks_of([s]):
+            tasks.append((t["name"], sum(secs.get(c.label, 0.0) for c in t["commands"]), t["after"]))
+    how = f"this build's timings ({measured} commands) where measured, else " if measured else ""
+    lines.append(f"total: est. {duration(makespan(tasks, jobs))} with {jobs} at a time ({how}the zoo file's estimate)")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    from linzoo.arguments import ArgumentParser
+
+    parser = ArgumentParser(prog="linzoo zoo", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True,
+                        help="the zoo file (YAML): teacher, mixers, jobs, variants, evals, estimate")
+    parser.add_argument("--out", default="runs/zoo", help="the zoo's folder: <out>/<mixer>/<variant>, the report")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and its time estimate; run nothing")
+    parser.add_argument("--jobs", type=int, help="steps side by side (default: the zoo file's jobs)")
+    parser.add_argument("--max-seconds", type=float, default=0.0,
+                        help="stop every running command at this deadline (the next call resumes); 0: none")
+    args = parser.parse_args(argv)
+    zoo = read_zoo(args.config)
+    if args.jobs is not None:
+        zoo.jobs = int(_number(args.jobs, "--jobs", integer=True))
+    if args.max_seconds < 0 or not math.isfinite(args.max_seconds):
+        raise ValueError(f"--max-seconds {args.max_seconds}: give a number of seconds >= 0 (0: no deadline)")
+    steps = plan(zoo, args.out)
+    state = read_state(args.out)
+    print("\n".join(plan_lines(zoo, steps, args.out, zoo.jobs, state)), flush=True)
+    if args.dry_run:
+        return 0
+    build = Build(zoo, steps, args.out, zoo.jobs, args.max_seconds, say=lambda line: print(line, flush=True))
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the commands, write the report
+    try:
+        return build.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)

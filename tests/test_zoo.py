@@ -1,0 +1,271 @@
+"""`linzoo zoo` (linzoo/zoo.py): the plan and its estimate, a real tiny build killed and resumed, the report's writers
+on hand-made results, and a bad zoo file's one-line errors."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from linzoo import zoo
+
+ESTIMATE = {"tokens_per_second": {"linearize": 60, "sft": 300, "distill-instruct": 150}, "start_seconds": 10,
+            "eval_seconds": {"niah": 30}}
+
+
+def _write(path, data):
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def _three_variants(tmp_path, **changes):
+    data = {"teacher": "embedded", "mixers": ["gated_deltanet", "mamba2"], "jobs": 1,
+            "variants": {"base": {"command": "linearize", "tokens": 6000, "flags": ["--window_size", 64]},
+                         "instruct": {"command": "sft", "parent": "base", "tokens": 3000},
+                         "instruct-distilled": {"command": "distill-instruct", "parent": "instruct", "tokens": 1500}},
+            "evals": [{"eval": "niah", "flags": ["--lengths", "256"]},
+                      {"eval": "niah", "sub": "natural", "flags": ["--variant", "natural"]}],
+            "estimate": ESTIMATE}
+    return _write(tmp_path / "zoo.yaml", data | changes)
+
+
+def test_dry_run_prints_the_plan_and_its_time(tmp_path, capsys):
+    out = tmp_path / "runs"
+    assert zoo.main(["--config", str(_three_variants(tmp_path)), "--out", str(out), "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert not out.exists()  # nothing ran, nothing was written
+    steps = [line for line in lines if line.startswith("[")]
+    assert [line.split()[-1] for line in steps] == [str(out / "teacher")] + [
+        str(out / m / v) for m in ("gated_deltanet", "mamba2") for v in ("base", "instruct", "instruct-distilled")]
+    # seconds: teacher 2 evals x 30; base 10 + 6000/60 + 60 + card 10 = 180; instruct 10 + 3000/300 + 70 = 90;
+    # instruct-distilled 10 + 1500/150 + 70 = 90
+    assert [line.split("est.")[1].split()[:2] for line in steps] == [["60", "s"]] + [["3", "min"], ["90", "s"],
+                                                                                    ["90", "s"]] * 2
+    assert "from gated_deltanet/base" in steps[2] and "from teacher" in steps[1]
+    commands = [line.strip() for line in lines if line.startswith("     linzoo")]
+    assert commands[0] == (f"linzoo linearize --teacher embedded --mixer gated_deltanet --total_tokens 6000 "
+                           f"--window_size 64 --output_dir {out}/gated_deltanet/base")
+    assert commands[2].startswith(f"linzoo distill-instruct --model_name_or_path {out}/gated_deltanet/instruct "
+                                  "--teacher embedded --total_tokens 1500")
+    assert ("eval niah/natural linzoo eval niah --model <folder> --out <folder>/eval/natural --variant natural"
+            in [" ".join(line.split()) for line in lines])
+    assert lines[-1] == "total: est. 13 min with 1 at a time (the zoo file's estimate)"  # 60 + 2 x 360 s
+    # two at a time: the teacher and the first base together, then each mixer's chain beside the other's
+    assert zoo.main(["--config", str(_three_variants(tmp_path)), "--out", str(out), "--dry-run", "--jobs", "2"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "total: est. 7 min with 2 at a time (the zoo file's estimate)"
+    # what this build measured replaces the zoo file's figures: linearize took 50 s for 6000 tokens
+    config = zoo.read_zoo(tmp_path / "zoo.yaml")
+    steps = zoo.plan(config, out)
+    state = {"steps": {"gated_deltanet/base": {"train": {"label": "train", "rc": 0, "seconds": 50.0, "tokens": 6000,
+                                                          "command": "linearize", "argv": []}}}}
+    assert zoo.command_seconds(steps[4], steps[4].train, config, state) == pytest.approx(50.0)  # mamba2/base
+    assert zoo.command_seconds(steps[5], steps[5].train, config, state) == pytest.approx(20.0)  # sft: the file's
+
+
+def test_makespan_waits_and_shares():
+    tasks = [("a", 10.0, []), ("b", 5.0, ["a"]), ("c", 7.0, [])]
+    assert zoo.makespan(tasks, 1) == 22.0 and zoo.makespan(tasks, 2) == 15.0
+
+
+# --- a real tiny build, killed and resumed ------------------------------------------------------------------
+
+
+def _tiny_zoo(tmp_path, teacher, corpus):
+    return _write(tmp_path / "tiny.yaml", {
+        "teacher": str(teacher), "mixers": ["gated_deltanet"],
+        "variants": {
+            "base": {"command": "linearize", "tokens": 600, "flags": [
+                "--dataset", str(corpus / "text.txt"), "--max_seq_length", "32", "--per_device_train_batch_size", "2",
+                "--calibration_tokens", "0", "--logging_steps", "1", "--save_steps", "2",
+                "--dataloader_pin_memory", "false"]},
+            "instruct": {"command": "sft", "parent": "base", "tokens": 256, "flags": [
+                "--dataset", str(corpus / "chat.jsonl"), "--max_seq_length", "64", "--per_device_train_batch_size", "2",
+                "--logging_steps", "1", "--dataloader_pin_memory", "false"]}},
+        "evals": [{"eval": "niah", "flags": ["--lengths", "192", "--depths", "0", "--samples_per_cell", "1",
+                                             "--batch_size", "1"]}],
+        "estimate": {"tokens_per_second": {"linearize": 100, "sft": 100}, "start_seconds": 5,
+                     "eval_seconds": {"niah": 5}}})
+
+
+def _running(words):
+    """Whether a process whose command line holds `words` runs."""
+    found = False
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            found |= words in cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            pass
+    return found
+
+
+def _files(out):
+    return sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() and not p.name.startswith(".")
+                  and p.suffix != ".log" and p.name != zoo.STATE_FILE)
+
+
+def test_a_killed_build_resumes_to_the_zoo_of_an_unkilled_one(tiny_teacher_dir, tiny_corpus, tmp_path, capsys,
+                                                               monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the commands' torch: tiny models, a shared machine
+    config, out = _tiny_zoo(tmp_path, tiny_teacher_dir, tiny_corpus), tmp_path / "killed"
+    base, instruct = out / "gated_deltanet" / "base", out / "gated_deltanet" / "instruct"
+    engine = subprocess.Popen([sys.executable, "-m", "linzoo.cli", "zoo", "--config", str(config), "--out", str(out)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    seen = []
+    try:
+        for line in engine.stdout:  # killed while instruct trains: its folder holds the run's record, no model
+            seen.append(line)
+            if "gated_deltanet/instruct: train started" in line:
+                deadline = time.time() + 120
+                while not (instruct / "linzoo_run.json").is_file() and time.time() < deadline:
+                    time.sleep(0.05)
+                break
+        os.kill(engine.pid, signal.SIGKILL)  # the engine alone, as the device tool's timeout or the OOM killer would
+        engine.wait()
+        deadline = time.time() + 20  # its command dies with it (no orphan trains on, holding the folder's lock)
+        while _running(str(instruct)) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not _running(str(instruct))
+    finally:
+        try:
+            os.killpg(engine.pid, signal.SIGKILL)  # whatever is left of its process group
+        except ProcessLookupError:
+            pass
+    log = "".join(seen)
+    assert "[2/3] gated_deltanet/base: done in" in log and "est. left" in log, log
+    assert (base / "README.md").is_file() and not (instruct / "linzoo_training.json").exists()
+    before = {p: p.read_bytes() for p in (base / "linzoo_training.json", base / "eval" / "niah.json")}
+    assert "gated_deltanet/base" in (out / "zoo.md").read_text()  # a killed build still has its report
+
+    assert zoo.main(["--config", str(config), "--out", str(out)]) == 0
+    resumed = capsys.readouterr().out
+    assert "[1/3] teacher: done earlier (skipped)" in resumed
+    assert "[2/3] gated_deltanet/base: done earlier (skipped)" in resumed
+    assert "[3/3] gated_deltanet/instruct: done in" in resumed and "zoo: done: 3 steps" in resumed
+    assert "gated_deltanet/base: train started" not in resumed
+    assert all(p.read_bytes() == data for p, data in before.items())  # untouched
+    assert (out / "gated_deltanet" / "instruct.log").read_text().count("$ linzoo sft") == 2  # killed, then again
+
+    fresh = tmp_path / "unkilled"  # two at a time: the teacher's evals beside the base's training
+    assert zoo.main(["--config", str(config), "--out", str(fresh), "--jobs", "2"]) == 0
+    assert "[3/3] gated_deltanet/instruct: done in" in capsys.readouterr().out
+    assert _files(out) == _files(fresh)
+    assert {"gated_deltanet/instruct/eval/niah.json", "gated_deltanet/instruct/README.md"} <= set(_files(out))
+    rows = [json.loads((o / "zoo.json").read_text())["rows"] for o in (out, fresh)]
+    assert [r["state"] for r in rows[0]] == ["done"] * 3
+    assert [[r["step"], r["evals"]] for r in rows[0]] == [[r["step"], r["evals"]] for r in rows[1]]
+    # a finished zoo, run again: every step skipped, nothing started
+    assert zoo.main(["--config", str(config), "--out", str(out)]) == 0
+    assert "started" not in capsys.readouterr().out
+
+
+def test_the_deadline_stops_what_runs_and_says_so(tiny_teacher_dir, tiny_corpus, tmp_path, capsys):
+    config, out = _tiny_zoo(tmp_path, tiny_teacher_dir, tiny_corpus), tmp_path / "runs"
+    began = time.time()
+    assert zoo.main(["--config", str(config), "--out", str(out), "--max-seconds", "1"]) == 3
+    assert time.time() - began < 30  # the teacher's eval was stopped, not waited for
+    said = capsys.readouterr().out
+    assert "teacher: eval niah started" in said
+    assert "zoo: not finished: the deadline (--max-seconds) came with 3 steps left; run the same command again" in said
+    assert zoo.read_state(out)["steps"] == {}  # a stopped command is no result
+    assert "| teacher `" in (out / "zoo.md").read_text() and (out / "zoo.png").is_file()
+
+
+# --- the report on hand-made results ----------------------------------------------------------------------
+
+
+def _niah(model, by_length, se=0.1):
+    return {"schema": "linzoo.niah/v1", "model": model, "mean_by_length": by_length,
+            "mean_by_length_se": {k: se for k in by_length}, "overall": sum(by_length.values()) / len(by_length),
+            "overall_se": se / 2}
+
+
+def _quality(model, above, stderr, ppl, teacher_ppl):
+    return {"schema": "linzoo.quality/v1", "model": model, "perplexity": ppl, "teacher_perplexity": teacher_ppl,
+            "recovery_above_chance": {"average": above, "stderr": {"average": stderr}}}
+
+
+def test_report_writers_on_hand_made_results(tmp_path):
+    from linzoo.evals.registry import get_eval
+
+    path = _three_variants(tmp_path, variants={"base": {"command": "linearize", "tokens": 100},
+                                               "instruct": {"command": "sft", "parent": "base", "tokens": 100}},
+                           evals=[{"eval": "niah"}, {"eval": "quality"}],
+                           estimate=ESTIMATE | {"eval_seconds": {"niah": 30, "quality": 60}})
+    config, out = zoo.read_zoo(path), tmp_path / "runs"
+    steps = zoo.plan(config, out)
+    niah_file, quality_file = (get_eval(e).result_file for e in ("niah", "quality"))
+    # the teacher and one student measured; another student has NIAH only; the rest nothing
+    made = {"teacher": (_niah("t", {"256": 1.0, "512": 1.0}, 0.0), _quality("t", None, None, 15.0, None)),
+            "gated_deltanet/base": (_niah("s", {"256": 0.75, "512": 0.5}), _quality("s", 41.5, 3.6, 18.0, 15.0)),
+            "mamba2/base": (_niah("m", {"256": 0.25, "512": 0.0}), None)}
+    for s in steps:
+        for data, name in zip(made.get(s.name, ()), (niah_file, quality_file)):
+            if data:
+                (s.folder / "eval").mkdir(parents=True, exist_ok=True)
+                (s.folder / "eval" / name).write_text(json.dumps(data))
+    state = {"steps": {"gated_deltanet/base": {"train": {"seconds": 300.0, "rc": 0},
+                                               "card": {"seconds": 5.0, "rc": 0}}}}
+    rows = zoo.write_report(config, steps, out, state, status_of=lambda s: "done" if s.name in made else "to do")
+    md = (out / "zoo.md").read_text()
+    table = [line for line in md.splitlines() if line.startswith("| ")]
+    assert table[0] == ("| model | parent | state | time | niah by length (256 / 512) "
+                        "| quality: recovery above chance % | quality: perplexity × teacher |")
+    assert table[1] == ("| teacher `embedded` |  | done | — | 1.00±0.00 / 1.00±0.00 | (the reference) "
+                        "| 1.00 (15.0) |")
+    assert table[2] == ("| gated_deltanet/base | teacher | done | 5 min | 0.75±0.10 / 0.50±0.10 | 41.5±3.6 "
+                        "| 1.20 (18.0) |")
+    assert table[3] == "| gated_deltanet/instruct | gated_deltanet/base | to do | — | — | — | — |"
+    assert table[4].startswith("| mamba2/base | teacher | done | — | 0.25±0.10 / 0.00±0.10 | — | — |")
+    saved = json.loads((out / "zoo.json").read_text())
+    assert saved["rows"] == rows and saved["teacher"] == "embedded"
+    assert rows[1]["evals"]["quality"] == {"recovery_above_chance": [41.5, 3.6], "perplexity": 18.0,
+                                           "teacher_perplexity": 15.0, "perplexity_ratio": pytest.approx(1.2)}
+    assert rows[1]["evals"]["niah"]["by_length"] == {"256": [0.75, 0.1], "512": [0.5, 0.1]}
+    from PIL import Image
+
+    with Image.open(out / "zoo.png") as image:
+        assert image.size[0] > 500 and image.size[1] > 400  # two panels: NIAH and recovery
+    zoo.figure(zoo.report_rows(config, steps[:1], {"steps": {}}), tmp_path / "empty.png")  # nothing to plot: fine
+    assert (tmp_path / "empty.png").is_file()
+
+
+# --- a bad zoo file: one line naming the key, before anything runs ----------------------------------------
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"mixers": ["gated_deltanet", "mamba"]}, "mixers: 'mamba': unknown mixer"),
+    ({"variants": {"base": {"command": "linearize", "tokens": 10},
+                   "instruct": {"command": "sft", "parent": "bse", "tokens": 10}}},
+     "variants.instruct.parent: 'bse': unknown variant (variants: base, instruct)"),
+    ({"variants": {"a": {"command": "sft", "parent": "b", "tokens": 10},
+                   "b": {"command": "sft", "parent": "a", "tokens": 10}}},
+     "variants.a.parent: 'b': its parents form a loop"),
+    ({"variants": {"base": {"command": "linearise", "tokens": 10}}},
+     "variants.base.command: 'linearise': unknown command"),
+    ({"variants": {"base": {"command": "linearize", "tokens": 10, "lr": 1}}}, "variants.base.lr: unknown key"),
+    ({"variants": {"base": {"command": "linearize", "tokens": 10, "flags": ["--output_dir", "x"]}}},
+     "variants.base.flags: --output_dir is the zoo's to set"),
+    ({"variants": {"base": {"command": "linearize"}}}, "variants.base.tokens: missing"),
+    ({"evals": [{"eval": "niha"}]}, "evals[0].eval: 'niha': unknown eval"),
+    ({"evals": [{"eval": "niah"}, {"eval": "niah"}]}, "evals[1]: niah is there twice"),
+    ({"teachr": "embedded"}, "teachr: unknown key"),
+    ({"estimate": {"tokens_per_second": {"linearize": 60}, "eval_seconds": {"niah": 30}}},
+     "estimate.tokens_per_second.sft: missing"),
+    ({"jobs": 0}, "jobs: give a positive whole number"),
+])
+def test_a_bad_zoo_file_is_one_line_naming_the_key(tmp_path, capsys, changes, words):
+    from linzoo import cli
+
+    path = _three_variants(tmp_path, **changes)
+    with pytest.raises(ValueError, match="^" + re.escape(str(path)) + ": ") as err:
+        zoo.read_zoo(path)
+    assert words in str(err.value) and "\n" not in str(err.value)
+    assert cli.main(["zoo", "--config", str(path), "--out", str(tmp_path / "runs")]) == 2
+    assert capsys.readouterr().err == f"linzoo zoo: error: {err.value}\n"
+    assert not (tmp_path / "runs").exists()
