@@ -17,6 +17,8 @@ EVAL_MODULES = {
     "quality": "linzoo.evals.quality",
     "niah": "linzoo.evals.niah",
     "heads": "linzoo.evals.heads",
+    "instruct": "linzoo.evals.instruct",
+    "speed": "linzoo.evals.speed",
 }
 
 

@@ -175,7 +175,8 @@ def test_standard_errors_of_a_known_hit_pattern(tmp_path):
     assert [e["hit"] for e in results["examples"]] == [False, True, True, False]  # each cell's first sample
     json_path, png_path = niah.save_niah(results, tmp_path)
     assert json.loads(json_path.read_text()) == results and png_path.read_bytes()[:4] == b"\x89PNG"
-    _, gallery, _, rows, _ = space.results_view([tmp_path])  # the Space's NIAH table shows them
+    _, gallery, *tables = space.results_view([tmp_path])  # the Space's NIAH table shows them
+    rows = tables[[spec.name for spec in space.result_tables()].index("niah")]
     assert rows == [["EchoLM", "passkey", "raw", "0.625±0.117", "200: 0.62±0.17, 300: 0.62±0.17"]]
     assert gallery == [(str(png_path), "EchoLM: NIAH passkey, overall 0.62")]
 

@@ -1,0 +1,158 @@
+"""`linzoo eval speed` on tiny models: rows and ratios to the teacher, skipped lengths, the roofline's arithmetic, the
+measured state against the config's, the card section, the Space row, the plot and one-line errors."""
+
+import json
+
+import pytest
+import torch
+
+from linzoo.evals import speed
+
+
+@pytest.fixture(autouse=True)
+def small_bandwidth_copy(monkeypatch):
+    monkeypatch.setattr(speed, "BANDWIDTH_BYTES", {"cpu": 8 * 2**20, "cuda": 8 * 2**20})
+
+
+@pytest.fixture(scope="module")
+def tiny_pair():
+    """(teacher, pure student, hybrid student with a window) in memory: a 3-layer Llama and two linearizations."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import linzoo
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    teacher = LlamaForCausalLM(config).eval()
+    return (teacher, linzoo.linearize(teacher, "gated_deltanet").eval(),
+            linzoo.linearize(teacher, "gated_deltanet", attn_layers=[1], window_size=4).eval())
+
+
+@pytest.fixture(scope="module")
+def cli_run(tiny_teacher_dir, tiny_student_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("speed")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(speed, "BANDWIDTH_BYTES", {"cpu": 8 * 2**20, "cuda": 8 * 2**20})
+        results = speed.main(["--models", str(tiny_teacher_dir), str(tiny_student_dir), "--lengths", "32,16",
+                              "--batch_sizes", "1,2", "--decode_tokens", "2", "--repeats", "1", "--threads", "1",
+                              "--device", "cpu", "--out", str(out)])
+    return results, out
+
+
+def test_rows_and_ratios(cli_run, tiny_teacher_dir, tiny_student_dir):
+    results, out = cli_run
+    saved = json.loads((out / "speed.json").read_text())
+    assert saved == json.loads(json.dumps(results)) and speed.EVAL.read(out / "speed.json") == saved
+    teacher, student = str(tiny_teacher_dir), str(tiny_student_dir)
+    assert saved["schema"] == speed.SCHEMA and saved["models"] == [teacher, student] and saved["teacher"] == teacher
+    assert saved["lengths"] == [16, 32] and saved["batch_sizes"] == [1, 2] and saved["skipped"] == []
+    rows = {(r["model"], r["length"], r["batch"]): r for r in saved["rows"]}
+    assert set(rows) == {(m, l, b) for m in (teacher, student) for l in (16, 32) for b in (1, 2)}
+    for (model, length, batch), row in rows.items():
+        ref = rows[teacher, length, batch]
+        for figure in speed.FIGURES:
+            want = None if not ref[figure] else row[figure] / ref[figure]
+            assert row["ratios"][figure] == pytest.approx(want) if want is not None else row["ratios"][figure] is None
+        assert row["prefill_s"] > 0 and row["decode_ms_per_token"] > 0
+        assert row["state_bytes_per_sequence"] == row["cache_bytes"] // batch
+    for figure in ("prefill_s", "decode_ms_per_token", "state_bytes_per_sequence"):
+        assert all(rows[teacher, l, b]["ratios"][figure] == 1.0 for l in (16, 32) for b in (1, 2))
+    # the teacher's KV cache grows with the context; the all-linear student's state does not
+    assert rows[teacher, 32, 1]["state_bytes_per_sequence"] > rows[teacher, 16, 1]["state_bytes_per_sequence"]
+    assert rows[student, 32, 1]["state_bytes_per_sequence"] == rows[student, 16, 1]["state_bytes_per_sequence"]
+    assert [(c["model"], c["batch"]) for c in saved["crossover"]] == [(student, 1), (student, 2)]
+    assert (out / "speed.png").stat().st_size > 1000
+
+
+def test_default_out_is_the_first_students_eval_folder(tiny_teacher_dir, tiny_student_dir):
+    args = speed.SpeedArguments(models=[str(tiny_teacher_dir), str(tiny_student_dir)])
+    assert args.out == str(tiny_student_dir / "eval")
+    assert speed.SpeedArguments(models=[str(tiny_teacher_dir), "embedded"], out=None).out == speed.DEFAULT_OUT
+
+
+def test_card_section_and_space_row(cli_run, tiny_student_dir):
+    results, out = cli_run
+    section = speed.card_section(results, out)
+    assert section.startswith("### Speed") and "| context (tokens) | batch | model |" in section
+    table = [line for line in section.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(table) == len(results["rows"]) and all(line.count("|") == 9 for line in table)
+    assert "1.00×" in table[0] and "prefill faster" in section and "Skipped" not in section
+    assert speed.card_section(None, out) == ""
+    row = speed.EVAL.space_row(results)
+    assert len(row) == len(speed.EVAL.space_headers) and row[2] == "32 x 1" and str(tiny_student_dir) in row[3]
+    assert str(tiny_student_dir) in speed.EVAL.space_caption(results)
+
+
+def test_skipped_lengths_are_reported(tiny_pair, tmp_path):
+    teacher, student, _ = tiny_pair
+    lines = []
+    results = speed.run_speed({"teacher": teacher, "student": student}, "8,16,32", "1", decode_tokens=1, repeats=1,
+                              threads=1, max_seconds_per_cell=1e-9, progress=lines.append)
+    assert {r["length"] for r in results["rows"]} == {8}  # the first length is always measured
+    assert [(s["length"], s["batch"]) for s in results["skipped"]] == [(16, 1), (32, 1)]
+    assert all(s["predicted_seconds"] >= 0 for s in results["skipped"])
+    assert sum("skip" in line for line in lines) == 2
+    speed.save_speed(results, tmp_path)
+    assert "Skipped" in speed.card_section(results, tmp_path) and "16 x 1" in speed.describe_skipped(results)
+
+
+def test_roofline_and_state_bytes(tiny_pair):
+    from linzoo.modeling.configuration_linzoo import state_sizes
+
+    assert speed.roofline_ms(10**9, 1e10) == pytest.approx(100.0)  # 1 GB at 10 GB/s
+    teacher, student, hybrid = tiny_pair
+    results = speed.run_speed({"teacher": teacher, "student": student, "hybrid": hybrid}, "24", "2", decode_tokens=1,
+                              repeats=1, threads=1)
+    rows = {r["model"]: r for r in results["rows"]}
+    config = teacher.config
+    kv = 2 * config.num_hidden_layers * config.num_key_value_heads * (config.hidden_size // 4) * 24 * 4
+    assert rows["teacher"]["state_bytes_per_sequence"] == kv == state_sizes(config, 24).teacher_kv
+    for name, model in (("student", student), ("hybrid", hybrid)):
+        size = state_sizes(model.config, 24)  # plus a token counter per linear layer
+        assert 0 <= rows[name]["state_bytes_per_sequence"] - size.total <= 16 * config.num_hidden_layers
+    for name, model in (("teacher", teacher), ("student", student), ("hybrid", hybrid)):
+        row = rows[name]
+        params = sum(p.numel() * p.element_size() for p in model.parameters())
+        assert results["parameter_bytes"][name] == params
+        assert row["roofline_bytes_per_token"] == params + row["cache_bytes"]
+        assert row["roofline_ms_per_token"] == pytest.approx(
+            1e3 * row["roofline_bytes_per_token"] / results["bandwidth_bytes_per_s"])
+        assert row["roofline_fraction"] == pytest.approx(row["roofline_ms_per_token"] / row["decode_ms_per_token"])
+
+
+def test_prediction_and_crossover():
+    assert speed.predict_seconds([(256, 1.0)], 512) == pytest.approx(4.0)  # one point: quadratic
+    assert speed.predict_seconds([(256, 1.0), (512, 2.0)], 2048) == pytest.approx(8.0)  # linear, fitted
+    assert speed.predict_seconds([(256, 1.0), (512, 1.1)], 1024) == pytest.approx(2.2)  # at least linear
+    assert speed.predict_seconds([(256, 1.0), (512, 9.0)], 1024) == pytest.approx(36.0)  # at most quadratic
+
+    def rows(ratios):
+        return [{"model": "s", "batch": 1, "length": 256 * 2**i, "ratios": {"prefill_s": r}}
+                for i, r in enumerate(ratios)]
+
+    assert speed.crossover(rows([1.2, 0.9, 0.7]), "s", 1, "prefill_s") == 512
+    assert speed.crossover(rows([0.9, 1.1, 0.8, 0.6]), "s", 1, "prefill_s") == 1024  # from which on it stays faster
+    assert speed.crossover(rows([0.9, 1.1]), "s", 1, "prefill_s") is None
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--lengths", "0,256"], "--lengths"),
+    (["--lengths", "abc"], "--lengths"),
+    (["--batch_sizes", "0"], "--batch_sizes"),
+    (["--device", "tpu"], "--device"),
+    (["--repeats", "0"], "--repeats"),
+    (["--dtype", "float8"], "--dtype"),
+])
+def test_bad_input_is_one_line_before_loading(flags, words, tiny_teacher_dir, tiny_student_dir, monkeypatch, capsys):
+    from linzoo import cli
+
+    monkeypatch.setattr(speed, "load_for_eval", lambda *a, **k: pytest.fail("a model loaded before the checks"))
+    code = cli.main(["eval", "speed", "--models", str(tiny_teacher_dir), str(tiny_student_dir), *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("linzoo eval speed: error: ") and words in err and err.count("\n") == 1
+
+
+def test_one_model_is_refused(tiny_teacher_dir):
+    with pytest.raises(ValueError, match="at least one student"):
+        speed.main(["--models", str(tiny_teacher_dir)])
