@@ -10,7 +10,6 @@ import importlib
 import warnings
 
 import torch
-import torch.nn.functional as F
 
 from .linear_ops import torch_chunk, torch_recurrent
 
@@ -98,9 +97,15 @@ def fused_cross_entropy(logits, targets, ignore_index, reduction):
     return FUSED_OPS.load()["cross_entropy"](ignore_index=ignore_index, reduction=reduction)(logits, targets)
 
 
+def _l2_normalize(x):
+    """F.normalize(x.float(), dim=-1).to(x.dtype), without its Python layers (this runs per layer and decoding step)."""
+    x32 = x.float()
+    return (x32 / torch.linalg.vector_norm(x32, dim=-1, keepdim=True).clamp_min(1e-12)).to(x.dtype)
+
+
 def torch_core(config, q, k, v, g, beta, *, delta, scale, initial_state, output_final_state, qk_l2norm):
     if qk_l2norm:
-        q, k = F.normalize(q.float(), dim=-1).to(q.dtype), F.normalize(k.float(), dim=-1).to(k.dtype)
+        q, k = _l2_normalize(q), _l2_normalize(k)
     # Decoding steps (few tokens) use the recurrent step; longer inputs use the chunked form.
     if q.shape[1] <= 4:
         return torch_recurrent(q, k, v, g, beta, delta=delta, scale=scale, initial_state=initial_state,

@@ -120,13 +120,15 @@ class ShortConv(nn.Module):
             return out if everywhere else self.activate(out)
         # Tap j looks j steps back; with packed sequences (seq_idx) a tap never crosses a boundary.
         # The weight takes x's dtype, so under bf16 autocast q, k, v stay bf16 for the kernels (as fla's conv).
+        # Each tap adds into the rows it reaches, in place (no shifted copy of x): the first j rows get nothing.
         weight = self.weight.to(x.dtype)
+        L = x.shape[1]
         out = x * weight[:, -1]
-        for j in range(1, self.size):
-            shifted = F.pad(x, (0, 0, j, 0))[:, : x.shape[1]]
+        for j in range(1, min(self.size, L)):
+            shifted = x[:, : L - j]
             if seq_idx is not None:
-                shifted = shifted * (F.pad(seq_idx, (j, 0), value=-1)[:, : x.shape[1]] == seq_idx).unsqueeze(-1)
-            out = out + shifted * weight[:, -1 - j]
+                shifted = shifted * (seq_idx[:, : L - j] == seq_idx[:, j:]).unsqueeze(-1)
+            out[:, j:].addcmul_(shifted, weight[:, -1 - j])
         return self.activate(out[:, -T:])
 
     def activate(self, out):
@@ -223,12 +225,13 @@ class LinearMixer(nn.Module):
             beta = beta.to(q.dtype)
         return self.fast_call(self.fast_kernels.load(), recurrent, q, k, v, g, beta, **common)
 
-    def project(self, x, cache=None, seq_idx=None, cu_seqlens=None):
+    def project(self, x, cache=None, seq_idx=None, cu_seqlens=None, projected=None):
         """q [B,T,H,D], k and v [B,T,H,D] (key/value heads repeated) for hidden states x, through the short
-        convolution where there is one; `features` not yet applied."""
+        convolution where there is one; `features` not yet applied. `projected`: x's q_proj, k_proj and v_proj outputs
+        when the caller has them already (the window's softmax reads them too)."""
         B, T, _ = x.shape
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k, v = projected if projected is not None else (self.q_proj(x), self.k_proj(x), self.v_proj(x))
         if self.conv is not None:
             fused = use_fused_ops(self.config, x.device)
             q, k, v = self.conv(torch.cat([q, k, v], -1), cache, self.layer_idx, seq_idx, cu_seqlens, fused).split(
