@@ -124,3 +124,15 @@ def tiny_corpus(tmp_path_factory):
             f.write(json.dumps({"messages": [{"role": "user", "content": f"What is the pass key {i}?"},
                                              {"role": "assistant", "content": "The pass key is 0123456789."}]}) + "\n")
     return root
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny tensors on a few shared cores: thread hand-offs cost more than the maths (10x slower with 2). A module
+    takes it with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

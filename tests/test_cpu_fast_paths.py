@@ -28,12 +28,7 @@ TOL = dict(atol=1e-5, rtol=1e-5)  # a rewritten function against its frozen copy
 FORMS_TOL = dict(atol=1e-5, rtol=1e-4)  # chunked against recurrent forms (tests/test_modeling.py's)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 # ------------------------------------------------------------------------------------------------

@@ -20,12 +20,7 @@ TOL = dict(atol=1e-5, rtol=1e-4)
 TEACHER_PROJ = {"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 def cache_of(out):

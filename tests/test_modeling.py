@@ -66,13 +66,7 @@ NEW_PARAMS = {
 ZERO_GRAD_AT_INIT = {"gla": {"gk_proj.0.weight"}, "kda": {"f_proj.0.weight"}}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny tensors on a few shared cores: thread hand-offs cost more than the maths (10x slower with 2).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 @pytest.fixture(autouse=True)
