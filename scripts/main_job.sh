@@ -24,12 +24,16 @@ linzoo linearize --teacher embedded --mixer gated_deltanet --dataset embedded \
   --stage_learning_rates 1e-3 5e-4 1e-3 --logging_steps 4 --save_steps 20 --output_dir "$OUT"
 linzoo eval niah --model "$OUT" --teacher embedded --lengths 256,512 --depths 0,0.5,1 --samples_per_cell 4 \
   --batch_size 6 --out "$OUT/eval"
+# The natural variant beside the classic one: the needle in clean prose (held-out text), where the classic haystack
+# repeats five noise sentences -- a student can find a passkey in noise and miss it in prose.
+linzoo eval niah --model "$OUT" --teacher embedded --variant natural --lengths 256,512 --depths 0,0.5,1 \
+  --samples_per_cell 4 --batch_size 6 --out "$OUT/eval/natural"
 linzoo eval quality --model "$OUT" --teacher embedded ${EVAL_DATA:+--data_dir "$EVAL_DATA"} --limit 20 \
   --heldout_tokens 2048 --out "$OUT/eval"
 python - "$OUT" <<'PY'
 import json, sys
 out = sys.argv[1]
-q = json.load(open(f"{out}/eval/quality.json")); n = json.load(open(f"{out}/eval/niah.json"))
+q = json.load(open(f"{out}/eval/quality.json"))
 print("\n== report for", out)
 for task, r in q["tasks"].items():  # the metric that recovery uses: acc_norm for arc and piqa, acc otherwise
     m = q["recovery_metric"][task]
@@ -42,8 +46,11 @@ print(f"  recovery above chance {kept} (over {', '.join(above['tasks']) or 'no t
 print(f"  recovery average {q['recovery']['average']:.1f} % (a uniform guess: {q['chance_recovery']['average']:.1f} %)"
       f"  perplexity {q['perplexity']:.1f} (teacher {q['teacher_perplexity']:.1f}, "
       f"{q['perplexity'] / q['teacher_perplexity']:.2f}x)  KL {q['kl_to_teacher']:.3f}")
-t = json.load(open(f"{out}/eval/teacher/niah.json"))
-print(f"  NIAH passkey accuracy by length {n['mean_by_length']}  overall {n['overall']}  (teacher {t['mean_by_length']})")
+def by_length(r):
+    return ", ".join(f"{l}: {a:.2f}±{r['mean_by_length_se'][l]:.2f}" for l, a in r["mean_by_length"].items())
+for name, folder in (("classic", "eval"), ("natural", "eval/natural")):  # noise haystack, then clean prose
+    n, t = (json.load(open(f"{out}/{folder}/{sub}niah.json")) for sub in ("", "teacher/"))
+    print(f"  NIAH {name:7s} by length {by_length(n)}  (teacher {by_length(t)})")
 record, config = json.load(open(f"{out}/linzoo_training.json")), json.load(open(f"{out}/config.json"))
 choice = record.get("attn_layers_choice")
 why = (f"{choice['rule']}: {choice['by']}, best head per layer " + ", ".join(f"L{l} {s}" for l, s in choice["scores"].items())
@@ -51,4 +58,15 @@ why = (f"{choice['rule']}: {choice['by']}, best head per layer " + ", ".join(f"L
 print(f"  softmax attention kept at layers {record['attn_layers'] or 'none'}" + (f" ({why})" if record["attn_layers"] else ""))
 if config.get("window_size"):
     print(f"  every other layer: {config['mixer']} state + exact softmax over the last {config['window_size']} tokens")
+# One chat answer, as a user of the instruct teacher would ask it (a base student was distilled on text, not chats).
+import torch
+from linzoo import load_model
+question = "What is the capital of France?"
+for who, spec in (("student", out), ("teacher", "embedded")):
+    model, tok = load_model(spec)
+    ids = tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                  return_tensors="pt", return_dict=True)
+    with torch.no_grad():
+        reply = model.generate(**ids, max_new_tokens=32, do_sample=False)[0, ids["input_ids"].shape[1]:]
+    print(f"  chat {who}: {question!r} -> {tok.decode(reply, skip_special_tokens=True)!r}")
 PY
