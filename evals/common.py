@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -21,6 +22,7 @@ import torch
 from linzoo.formatting import NOT_MEASURED, measured  # noqa: F401 (what every eval's card section and table use)
 
 EVAL_DIR = "eval"  # a checkpoint's results live in <checkpoint>/eval/<results file>
+RESULTS_ROOM = 16 * 2**20  # free bytes an eval wants before it starts: its JSON and figures, with room to spare
 
 
 
@@ -122,6 +124,10 @@ def check_out_dir(out) -> None:
                          "missing)")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ValueError(f"--out {out}: {existing} is not writable: give a folder you can write to")
+    free = shutil.disk_usage(existing).free
+    if free < RESULTS_ROOM:  # before the eval's hours, not at its end (a full disk left a 0-byte niah.json)
+        raise ValueError(f"the disk is full at {existing}: {free / 1e6:.1f} MB free, an eval's results and figures "
+                         f"need ~{RESULTS_ROOM / 1e6:.0f} MB; free space or give another --out")
 
 
 def load_texts(source: str | list[str], split: str = "test") -> list[str]:

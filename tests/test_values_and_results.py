@@ -270,3 +270,14 @@ def test_every_recipe_parses_with_its_command(recipe, tmp_path):
     parsed = parse_config(types.get(recipe, (LinearizeConfig,)), ["--config", str(path), "--bf16", "false",
                                                                  "--output_dir", str(tmp_path / "o")])
     assert parsed[0].total_tokens > 0
+
+
+def test_an_eval_checks_free_space_before_it_starts(tiny_student_dir, tmp_path, monkeypatch):
+    from collections import namedtuple
+
+    from linzoo.evals import common
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(common.shutil, "disk_usage", lambda path: usage(10**9, 10**9, 2 * 10**6))
+    with pytest.raises(ValueError, match=r"^the disk is full at .*: 2.0 MB free, an eval's results and figures need"):
+        niah.main(["--model", str(tiny_student_dir), "--out", str(tmp_path / "n")])
