@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from test_modeling import INIT_CHECKS, TINY, VOCAB, _fla_causal_conv1d, _one_thread, tiny_llama  # noqa: F401 (autouse)
+from test_modeling import INIT_CHECKS, TINY, VOCAB, _fla_causal_conv1d, tiny_llama  # noqa: F401 (autouse)
 
 import linzoo
 from linzoo.calibrate import CANDIDATES, RIDGES, choose_ridge, fit_output_norm, fit_output_projection, normalised_heads
@@ -21,6 +21,8 @@ from linzoo.modeling.mixer_base import ShortConv
 from linzoo.modeling.mixers import MIXER_CLASSES
 from linzoo.capture import mixer_io
 from linzoo.trainers.linearize_trainer import AttentionTransferTrainer
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 CONV_MIXERS = [m for m in linzoo.MIXERS if MIXER_CLASSES[m].short_conv]
 
