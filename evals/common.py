@@ -125,7 +125,7 @@ def check_out_dir(out) -> None:
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ValueError(f"--out {out}: {existing} is not writable: give a folder you can write to")
     free = shutil.disk_usage(existing).free
-    if free < RESULTS_ROOM:  # before the eval's hours, not at its end (a full disk left a 0-byte niah.json)
+    if free < RESULTS_ROOM:  # before the eval runs for hours, not at its end
         raise ValueError(f"the disk is full at {existing}: {free / 1e6:.1f} MB free, an eval's results and figures "
                          f"need ~{RESULTS_ROOM / 1e6:.0f} MB; free space or give another --out")
 

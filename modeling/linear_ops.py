@@ -26,6 +26,21 @@ def _expand_gate(g, like):
     return g.unsqueeze(-1) if g.dim() == 3 else g
 
 
+def _fp32(core):
+    """The core in fp32 whatever autocast says around it (a bf16 training step's autocast made its matmuls bf16, and
+    CPU has no bf16 triangular solve): it upcasts its inputs itself and returns the values' dtype."""
+    import functools
+
+    @functools.wraps(core)
+    def run(q, *args, **kwargs):
+        with torch.autocast(q.device.type, enabled=False):
+            return core(q, *args, **kwargs)
+
+    return run
+
+
+
+@_fp32
 def torch_recurrent(q, k, v, g=None, beta=None, *, delta, scale, initial_state=None, output_final_state=True):
     """Token-by-token recurrence. q, k: [B,T,H,K]; v: [B,T,H,V]. Returns (o [B,T,H,V], state [B,H,K,V] fp32)."""
     dtype = v.dtype
@@ -51,6 +66,7 @@ def torch_recurrent(q, k, v, g=None, beta=None, *, delta, scale, initial_state=N
     return o.to(dtype), (S if output_final_state else None)
 
 
+@_fp32
 def torch_chunk(q, k, v, g=None, beta=None, *, delta, scale, initial_state=None, output_final_state=True, chunk_size=64):
     """Chunked parallel form; same arguments and results as `torch_recurrent`."""
     dtype = v.dtype
