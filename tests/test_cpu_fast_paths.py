@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from linzoo.modeling import LinzooConfig, LinzooForCausalLM, kernels, memory, mixer_base
+from linzoo.modeling import kernels, memory, mixer_base
 from linzoo.modeling.kernels import _l2_normalize
 from linzoo.modeling.linear_ops import _expand_gate, torch_chunk, torch_recurrent
 from linzoo.modeling.memory import NEVER
@@ -321,11 +321,9 @@ def test_banded_window_equals_reference(W, T, chunk, monkeypatch):
 # whole tiny students: the current code against every frozen form above patched in
 # ------------------------------------------------------------------------------------------------
 
-VOCAB = 100
-TINY = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-            num_key_value_heads=2, chunk_size=8, kernel_backend="torch", initializer_range=0.1, pad_token_id=0,
-            bos_token_id=None, eos_token_id=None)
-TEACHER_PROJ = {"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"}
+from test_modeling import VOCAB  # noqa: E402
+from test_modeling import tiny_model as tiny_student  # noqa: E402
+
 MODEL_CASES = [
     pytest.param("gated_deltanet", [], {}, id="gated_deltanet"),
     pytest.param("gated_deltanet", [1], {"window_size": 4}, id="hybrid-window4-gated_deltanet"),
@@ -337,14 +335,8 @@ MODEL_CASES = [
 
 
 def tiny_model(mixer, attn_layers, overrides):
-    torch.manual_seed(0)
-    model = LinzooForCausalLM(LinzooConfig(**{**TINY, **overrides}, mixer=mixer, attn_layers=attn_layers))
-    with torch.no_grad():
-        for layer in model.model.layers:
-            for name, p in layer.self_attn.named_parameters():
-                if name not in TEACHER_PROJ:
-                    p.add_(0.3 * torch.randn_like(p))
-    return model.eval()
+    """test_modeling's tiny student (new parameters moved off init), with three layers."""
+    return tiny_student(mixer, attn_layers, **{"num_hidden_layers": 3, **overrides})
 
 
 @pytest.fixture

@@ -6,18 +6,13 @@ multiple of the block, T < W, left padding and GQA. Block sizes are patched smal
 import pytest
 import torch
 
-from linzoo.modeling import LinzooConfig, LinzooForCausalLM, memory, mixer_base
+from linzoo.modeling import memory, mixer_base
 from linzoo.modeling.kernels import linear_core
 from linzoo.modeling.memory import COUNTS, SPARSE, WINDOW, _pack, _state, _unpack, memory_forward, rope, rope_inv_freq
 
-VOCAB = 100
-TINY = dict(
-    vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, chunk_size=8, kernel_backend="torch", initializer_range=0.1,
-    pad_token_id=0, bos_token_id=None, eos_token_id=None,
-)
+from test_modeling import VOCAB, tiny_model  # a tiny student with its new parameters moved off init
+
 TOL = dict(atol=1e-5, rtol=1e-4)
-TEACHER_PROJ = {"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"}
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
@@ -25,18 +20,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 def cache_of(out):
     return out["cache"] if "cache" in out else out["past_key_values"]
-
-
-def tiny_model(mixer, **overrides):
-    """A tiny student whose new parameters (the null logit included) are moved off their init."""
-    torch.manual_seed(0)
-    model = LinzooForCausalLM(LinzooConfig(**{**TINY, **overrides}, mixer=mixer, attn_layers=[]))
-    with torch.no_grad():
-        for layer in model.model.layers:
-            for name, p in layer.self_attn.named_parameters():
-                if name not in TEACHER_PROJ:
-                    p.add_(0.3 * torch.randn_like(p))
-    return model.eval()
 
 
 # ------------------------------------------------------------------------------------------------
