@@ -389,14 +389,47 @@ class LinzooForCausalLM(LinzooPreTrainedModel, GenerationMixin):
             model_kwargs[_CACHE_FIELD] = LinzooCache(config=self.config)
         return super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
 
+    def _prefills_in_pieces(self, model_kwargs, labels):
+        """Whether this call is a long prefill to run in `config.prefill_chunk_size` pieces: inference (no gradient)
+        with a cache, longer than one piece, and nothing asked for that pieces would change (labels, every layer's
+        hidden states)."""
+        piece = self.config.prefill_chunk_size
+        tokens = model_kwargs["input_ids"] if model_kwargs["input_ids"] is not None else model_kwargs["inputs_embeds"]
+        use_cache = model_kwargs["use_cache"] if model_kwargs["use_cache"] is not None else self.config.use_cache
+        return bool(piece and tokens is not None and tokens.shape[1] > piece and use_cache and labels is None
+                    and not model_kwargs["output_hidden_states"] and not torch.is_grad_enabled() and not self.training)
+
+    def _prefill_in_pieces(self, model_kwargs, logits_to_keep):
+        """The model over the prompt piece by piece, each continuing the cache (the continuation a decoding step also
+        is): the same states, and the activations of one piece at a time. Keeps the last hidden states that
+        `logits_to_keep` asks for (all when 0)."""
+        piece, kw = self.config.prefill_chunk_size, dict(model_kwargs)
+        tokens = kw["input_ids"] if kw["input_ids"] is not None else kw["inputs_embeds"]
+        T = tokens.shape[1]
+        tail = logits_to_keep if isinstance(logits_to_keep, int) and logits_to_keep > 0 else T
+        kept, cache, mask = [], kw["cache"], kw["attention_mask"]
+        for start in range(0, T, piece):
+            end = min(start + piece, T)
+            part = {name: (None if kw[name] is None else kw[name][:, start:end])
+                    for name in ("input_ids", "inputs_embeds", "position_ids")}
+            past = mask.shape[1] - T if mask is not None else 0  # the mask covers what is cached, then the prompt
+            outputs = self.model(**part, attention_mask=None if mask is None else mask[:, : past + end], cache=cache,
+                                 use_cache=True, output_hidden_states=False)
+            cache = getattr(outputs, _CACHE_FIELD)
+            if end > T - tail:
+                kept.append(outputs.last_hidden_state[:, max(T - tail - start, 0):])
+        return BaseModelOutputWithPast(last_hidden_state=torch.cat(kept, 1), **{_CACHE_FIELD: cache})
+
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, past_key_values=None,
                 inputs_embeds=None, labels=None, use_cache=None, output_hidden_states=None, logits_to_keep=0,
                 **kwargs):
-        outputs = self.model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-            cache=cache if cache is not None else past_key_values, inputs_embeds=inputs_embeds,
-            use_cache=use_cache, output_hidden_states=output_hidden_states,
-        )
+        cache = cache if cache is not None else past_key_values
+        model_kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                            inputs_embeds=inputs_embeds, use_cache=use_cache, output_hidden_states=output_hidden_states)
+        if self._prefills_in_pieces(model_kwargs, labels):
+            outputs = self._prefill_in_pieces(model_kwargs, logits_to_keep)
+        else:
+            outputs = self.model(**model_kwargs)
         hidden_states = outputs.last_hidden_state
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
             hidden_states = hidden_states[:, -logits_to_keep:]

@@ -412,3 +412,49 @@ def test_window_projects_once():
     with torch.no_grad():
         model(torch.randint(1, VOCAB, (1, 9)), use_cache=False)
     assert len(calls) == 3
+
+
+@pytest.mark.parametrize("mixer, attn_layers, overrides", MODEL_CASES)
+def test_prefill_in_pieces_equals_one_forward(mixer, attn_layers, overrides):
+    """A prompt longer than `prefill_chunk_size` is prefilled in pieces (left padding, a hybrid's softmax layers, the
+    window's ring, the sparse cache): the kept logits, the cache and what decodes after it equal one forward's."""
+    model = tiny_model(mixer, attn_layers, overrides)
+    torch.manual_seed(3)
+    ids = torch.randint(1, VOCAB, (2, 23))
+    mask = torch.ones_like(ids)
+    mask[1, :7] = 0
+    ids = ids * mask
+    runs = {}
+    with torch.no_grad():
+        for piece in (0, 5):
+            model.config.prefill_chunk_size = piece
+            calls = []
+            hook = model.model.register_forward_hook(lambda *_: calls.append(1))
+            every = model(ids, attention_mask=mask, use_cache=True).logits
+            last = model(ids, attention_mask=mask, use_cache=True, logits_to_keep=3)
+            hook.remove()
+            step = model(ids[:, :1] + 1, attention_mask=torch.cat([mask, mask[:, :1] * 0 + 1], 1),
+                         cache=cache_of(last), use_cache=True).logits
+            runs[piece] = every, last.logits, step, len(calls)
+    (every, last, step, calls), (every_p, last_p, step_p, calls_p) = runs[0], runs[5]
+    assert calls == 2 and calls_p == 2 * 5  # 23 tokens: pieces of 5, 5, 5, 5, 3
+    real = mask.bool()
+    torch.testing.assert_close(every_p[real], every[real], **FORMS_TOL)
+    assert last_p.shape == (2, 3, VOCAB)
+    torch.testing.assert_close(last_p, last, **FORMS_TOL)
+    torch.testing.assert_close(step_p, step, **FORMS_TOL)
+
+
+def test_no_pieces_where_they_would_change_the_result():
+    """Training (gradients), labels, every layer's hidden states, or no cache: one forward."""
+    model = tiny_model("gated_deltanet", [], {})
+    model.config.prefill_chunk_size = 4
+    ids = torch.randint(1, VOCAB, (1, 9))
+    calls = []
+    model.model.register_forward_hook(lambda *_: calls.append(1))
+    model(ids, use_cache=True)  # gradients on
+    with torch.no_grad():
+        model(ids, use_cache=False)
+        model(ids, use_cache=True, labels=ids)
+        model(ids, use_cache=True, output_hidden_states=True)
+    assert len(calls) == 4
