@@ -25,9 +25,10 @@ Per head, for query t (positions count real tokens only, so left padding and pac
   absorbed tokens that beat each candidate; decoding keeps the G best and compares each newcomer.
 
 Cost: one more run of the linear core for the recall scores (with a cache), and softmax scores over the window and
-cache: without a sparse cache, blocks of C = max(W, 64) queries score their C + W keys ([T, C + W] per head, linear in
-T; the query heads of a kv head share its keys); with one, [T, G + W + T] and a [G + T, G + T] ranking; decoding
-keeps W + G keys per layer whatever the context length. The softmax runs in torch on every device (the same code on
+cache, linear in T: blocks of C queries score their C + W keys (`_banded_window`; the query heads of a kv head share
+its keys); with a sparse cache each block of C = max(W, 64) queries also ranks the G entries kept so far with its own C
+new candidates ([G + C, G + C]) and scores those G as well (`_sparse_window`); decoding keeps W + G keys per layer
+whatever the context length. The softmax runs in torch on every device (the same code on
 CPU and CUDA); only the linear core uses the CUDA kernels. Packed rows run sequence by sequence.
 """
 
@@ -182,6 +183,75 @@ def _banded_window(qs, ksE, vsE, validE, null, W):
     return p_null, soft
 
 
+def _sparse_block_size(W):
+    """Queries per block of the window with a sparse cache: each block ranks its own G + C candidates."""
+    return max(W, 64)
+
+
+def _sparse_window(qs, ksE, vsE, validE, null, error, sparse_old, W):
+    """The window's softmax with a sparse cache, block by block of queries, without [T, T] scores or ranking.
+
+    Query i sees E index e iff i < e <= W + i and validE[e] (the window), and the cached pairs: the G candidates with
+    the largest recall error among those absorbed by query i (the cache's old entries, absorbed before this forward,
+    and E[e] for e <= i; ties: the earlier), beside the null logit. The top G of a set is the top G of (the top G of
+    its older part) and its newer part, so a block needs only the G entries kept after the previous block and its own
+    C new candidates: a [G + C, G + C] ranking per block, and scores over G + C + W keys, linear in T.
+
+    qs [B, H, T, D]; ksE, vsE [B, W + T, Hkv, D]; validE [B, W + T]; null [B, H, T]; error [B, T, H] (E[e]'s recall
+    error, e < T); sparse_old [B, G, H, 2 D + 2] (keys, values, score, valid: the cache's entries). Returns p_null
+    [B, T, H, 1], the softmax part [B, T, H, D] and the entries after the last query [B, G, H, 2 D + 2]."""
+    B, H, T, D = qs.shape
+    Hkv, G = ksE.shape[2], sparse_old.shape[1]
+    R, dev = H // Hkv, qs.device
+    ks_c, vs_c, score_c, valid_c = sparse_old.split([D, D, 1, 1], -1)
+    # Every candidate per query head: the cache's entries, then E[:T] (E[e] absorbed by query e). A candidate's index
+    # is also its order for ties.
+    keys = torch.cat([ks_c, ksE[:, :T].float().repeat_interleave(R, 2)], 1).transpose(1, 2)  # [B, H, G + T, D]
+    values = torch.cat([vs_c, vsE[:, :T].float().repeat_interleave(R, 2)], 1).transpose(1, 2)
+    score = torch.cat([score_c[..., 0], error.float()], 1).transpose(1, 2)  # [B, H, G + T]
+    ok = torch.cat([valid_c[..., 0].bool(), validE[:, :T, None].expand(B, T, H)], 1).transpose(1, 2)
+    kept = torch.arange(G, device=dev).expand(B, H, G)  # the entries kept so far: candidate indices, in order
+    kept_ok = ok[..., :G]
+    C = _sparse_block_size(W)
+    p_nulls, softs = [], []
+    for s in range(0, T, C):
+        e = min(s + C, T)
+        c = e - s
+        index = torch.cat([kept, torch.arange(G + s, G + e, device=dev).expand(B, H, c)], -1)  # [B, H, G + c]
+        sc, can = score.gather(-1, index), torch.cat([kept_ok, ok[..., G + s : G + e]], -1)
+        beats = (sc[..., :, None] > sc[..., None, :]) | (
+            (sc[..., :, None] == sc[..., None, :]) & (index[..., :, None] < index[..., None, :]))
+        absorbed_at = torch.cat([torch.full((G,), -1, device=dev), torch.arange(s, e, device=dev)])  # [G + c]
+        taken = absorbed_at[None, :] <= torch.arange(s, e, device=dev)[:, None]  # [c, G + c]: by query i
+        rank = torch.einsum("il,bhlm->bhim", taken.float(), (beats & can[..., :, None]).float())
+        cached = (rank < G) & taken & can[..., None, :]  # [B, H, c, G + c]
+        # Keys: the kept entries, then E[s, e + W) (this block's window span; its new candidates are E[s, e)).
+        q = qs[:, :, s:e].float() * D**-0.5
+        kk, vv = (t.gather(2, kept[..., None].expand(-1, -1, -1, D)) for t in (keys, values))  # [B, H, G, D]
+        span_k = ksE[:, s : e + W].float().permute(0, 2, 3, 1)  # [B, Hkv, D, c + W]
+        span_v = vsE[:, s : e + W].float().transpose(1, 2)  # [B, Hkv, c + W, D]
+        r = torch.arange(c, device=dev)[:, None]
+        t = torch.arange(c + W, device=dev)[None]
+        window = ((t > r) & (t <= W + r))[None, None] & validE[:, None, None, s : e + W]  # [B, 1, c, c + W]
+        mask = torch.cat([cached[..., :G], window | F.pad(cached[..., G:], (0, W))], -1)  # [B, H, c, G + c + W]
+        scores = torch.cat([q @ kk.transpose(-1, -2), (q.reshape(B, Hkv, R * c, D) @ span_k).view(B, H, c, c + W)], -1)
+        scores = scores.masked_fill(~mask, NEVER)
+        n = null[..., s:e]
+        total = torch.logaddexp(scores.logsumexp(-1), n)
+        total = torch.where(mask.any(-1) | n.isfinite(), total, torch.zeros_like(total))  # nothing to see
+        p_nulls.append((n - total).exp())
+        weights = (scores - total[..., None]).exp()
+        softs.append(weights[..., :G] @ vv + (weights[..., G:].reshape(B, Hkv, R * c, c + W) @ span_v).view(B, H, c, D))
+        last = cached[:, :, -1]  # [B, H, G + c]: the cache after the block's last query; cached ones first, in order
+        pick = (torch.arange(G + c, device=dev) + (~last).long() * (G + c)).argsort(-1)[..., :G]
+        kept, kept_ok = index.gather(-1, pick), last.gather(-1, pick)
+    p_null = torch.cat(p_nulls, -1).transpose(1, 2)[..., None]
+    soft = torch.cat(softs, 2).transpose(1, 2)
+    gather = lambda t: t.gather(2, kept[..., None].expand(-1, -1, -1, t.shape[-1]))  # noqa: E731
+    entries = torch.cat([gather(keys), gather(values), score.gather(2, kept)[..., None], kept_ok[..., None].float()], -1)
+    return p_null, soft, entries.transpose(1, 2)
+
+
 def memory_forward(mixer, x, valid, cache=None, parts=False, replace_values=None):
     """The head outputs [B, T, H, D] (before o_proj) of `mixer` with its window / sparse cache; x [B, T, hidden]
     (padding already zeroed), valid [B, T] bool (False: padding). Reads and updates `cache` when given. With `parts`:
@@ -250,37 +320,12 @@ def memory_forward(mixer, x, valid, cache=None, parts=False, replace_values=None
     if not G:
         p_null, soft = _banded_window(qs, ksE, vsE, validE, null, W)
     else:
-        # Candidates: the sparse cache's G entries (per head), then E. Column c of the scores is candidate c.
         sparse_old = _state(cache, idx, SPARSE)
-        recalled, _ = linear_core(mixer.config, mixer, leaving[0], *leaving, initial_state=state)
-        error = (leaving[1][..., :D].float() - recalled[..., :D].float() / mixer.scale).norm(dim=-1)  # [B, T, H]
         if sparse_old is None:
             sparse_old = x.new_zeros(B, G, H, 2 * D + 2, dtype=torch.float32)
-        ks_c, vs_c, score_c, valid_c = sparse_old.split([D, D, 1, 1], -1)
-        keys = torch.cat([ks_c.transpose(1, 2), ksE.float().transpose(1, 2).repeat_interleave(H // Hkv, 1)], 2)
-        values = torch.cat([vs_c.transpose(1, 2), vsE.float().transpose(1, 2).repeat_interleave(H // Hkv, 1)], 2)
-        scores = (qs.float() @ keys.transpose(-1, -2)) * D**-0.5  # [B, H, T, G + W + T]
-
-        i = torch.arange(T, device=dev)[:, None]
-        e = torch.arange(W + T, device=dev)[None]
-        mask = ((e > i) & (e <= W + i))[None, None] & validE[:, None, None, :]  # the window: [B, 1, T, W + T]
-        # Candidates for the cache: its old entries (absorbed earlier) and E[:T] (absorbed at query e).
-        cand_score = torch.cat([score_c[..., 0].transpose(1, 2), error.transpose(1, 2)], -1)  # [B, H, G + T]
-        cand_valid = torch.cat([valid_c[..., 0].transpose(1, 2).bool(), validE[:, None, :T].expand(B, H, T)], -1)
-        at = torch.cat([torch.full((G,), -1, device=dev), torch.arange(T, device=dev)])
-        order = torch.arange(G + T, device=dev)
-        beats = (cand_score[..., :, None] > cand_score[..., None, :]) | (
-            (cand_score[..., :, None] == cand_score[..., None, :]) & (order[:, None] < order[None, :]))
-        taken = (at[None, :] <= i).float()  # [T, G + T]: absorbed by query i
-        rank = torch.einsum("il,bhlc->bhic", taken, (beats & cand_valid[..., :, None]).float())
-        cached = (rank < G) & (at[None, :] <= i)[None, None] & cand_valid[:, :, None, :]  # [B, H, T, G + T]
-        later = cached.new_zeros(B, H, T, W)  # E[T:] are never absorbed by these queries
-        mask = torch.cat([cached[..., :G], mask | torch.cat([cached[..., G:], later], -1)], -1)
-        scores = scores.masked_fill(~mask, NEVER)
-        total = torch.logaddexp(scores.logsumexp(-1), null)
-        total = torch.where(mask.any(-1) | null.isfinite(), total, torch.zeros_like(total))  # nothing to see
-        p_null = (null - total).exp().transpose(1, 2)[..., None]  # [B, T, H, 1]
-        soft = ((scores - total[..., None]).exp() @ values).transpose(1, 2)
+        recalled, _ = linear_core(mixer.config, mixer, leaving[0], *leaving, initial_state=state)
+        error = (leaving[1][..., :D].float() - recalled[..., :D].float() / mixer.scale).norm(dim=-1)  # [B, T, H]
+        p_null, soft, entries = _sparse_window(qs, ksE, vsE, validE, null, error, sparse_old, W)
     if parts:
         return p_null, soft, raw
     heads = p_null * mixer.o_norm(raw).float() + soft
@@ -290,12 +335,7 @@ def memory_forward(mixer, x, valid, cache=None, parts=False, replace_values=None
         if W and not stepped:  # (a step wrote its row in place)
             cache.update_recurrent_state(_pack([t[:, T:] for t in E])[0], idx, WINDOW)
         if G:
-            last = cached[:, :, -1]  # [B, H, G + T]: the cache after the last query
-            pick = (order + (~last).long() * (G + T)).argsort(-1)[..., :G]  # cached ones first, in order
-            gather = lambda t: t.gather(2, pick[..., None].expand(-1, -1, -1, t.shape[-1]))  # noqa: E731
-            entries = torch.cat([gather(keys[:, :, : G + T]), gather(values[:, :, : G + T]),
-                                 cand_score.gather(2, pick)[..., None], last.gather(2, pick)[..., None].float()], -1)
-            cache.update_recurrent_state(entries.transpose(1, 2), idx, SPARSE)
+            cache.update_recurrent_state(entries, idx, SPARSE)
         seen = counts[:, :1] + valid.float().sum(1, keepdim=True)
         oldest = (counts[:, 2:] + 1) % W if stepped else torch.zeros_like(seen)
         cache.update_recurrent_state(torch.cat([seen, absorbed[:, -1:], oldest], 1), idx, COUNTS)
