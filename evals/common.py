@@ -21,6 +21,15 @@ import torch
 
 from linzoo.formatting import NOT_MEASURED, measured  # noqa: F401 (what every eval's card section and table use)
 
+QUANTIZE = ("none", "int8")  # --quantize: the float weights as they are, or torch's dynamic int8 (CPU)
+
+
+def quantize_field(who: str):
+    """The --quantize field of the evals that measure what quantization costs (quality) and pays (speed)."""
+    return field(default="none", metadata={
+        "help": f"none | int8: every nn.Linear as int8 weights, activations quantized per call (torch's dynamic "
+                f"quantization, CPU only), {who}; results say so and cards leave them out", "choices": QUANTIZE})
+
 EVAL_DIR = "eval"  # a checkpoint's results live in <checkpoint>/eval/<results file>
 RESULTS_ROOM = 16 * 2**20  # free bytes an eval wants before it starts: its JSON and figures, with room to spare
 
@@ -197,13 +206,39 @@ class ModelArguments:
                              f"({'a CPU-only build' if torch.version.cuda is None else 'none visible'}): use --device cpu")
 
 
-def load_for_eval(spec: str, device: str, dtype: str, teacher: bool = False, trust_remote_code: bool = False):
-    """(model, tokenizer) through linzoo's loaders, moved to the device/dtype and in eval mode."""
+def check_quantize(quantize: str, device: str, dtype: str) -> None:
+    if quantize not in QUANTIZE:
+        raise ValueError(f"--quantize {quantize!r}: use {' or '.join(QUANTIZE)}")
+    if quantize == "int8" and torch.device(device).type != "cpu":
+        raise ValueError(f"--quantize int8 is torch's dynamic quantization, which runs on the CPU: use --device cpu "
+                         f"(on {device}, --dtype bfloat16 is the cheaper model)")
+    if quantize == "int8" and dtype not in ("auto", "float32"):
+        raise ValueError(f"--quantize int8 quantizes float32 weights: leave --dtype auto (given {dtype})")
+
+
+def quantize_int8(model):
+    """Every nn.Linear of `model` with int8 weights (per tensor) and int8 activations quantized per call, in place:
+    torch.ao's dynamic quantization (fbgemm / x86). torch marks its quantized tensors deprecated (pytorch#184982) in
+    favour of torchao, but torchao's int8 on a CPU without torch.compile took 4x longer than float32 here (a
+    4096 x 576 @ 576 x 1536 product: 184 ms against 44 ms; torch.ao: 11 ms), so this is the one that pays."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*deprecated", category=UserWarning)
+        warnings.filterwarnings("ignore", message=".*torch.ao.quantization.*deprecated", category=DeprecationWarning)
+        return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
+
+
+def load_for_eval(spec: str, device: str, dtype: str, teacher: bool = False, trust_remote_code: bool = False,
+                  quantize: str = "none"):
+    """(model, tokenizer) through linzoo's loaders, moved to the device/dtype (or quantized) and in eval mode."""
     import linzoo
 
     load = linzoo.load_teacher if teacher else linzoo.load_model
     model, tokenizer = load(spec, trust_remote_code=True) if trust_remote_code else load(spec)
     model = model.to(device) if dtype == "auto" else model.to(device=device, dtype=getattr(torch, dtype))
+    if quantize == "int8":
+        model = quantize_int8(model.float())
     return model.eval(), tokenizer
 
 

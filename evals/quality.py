@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-from .common import (NOT_MEASURED, EvalSpec, ModelArguments, check_out_dir, load_for_eval, load_texts, measured,
-                     model_device, name_of, parse_list, render, weights_sha256, write_json)
+from .common import (NOT_MEASURED, EvalSpec, ModelArguments, check_out_dir, check_quantize, load_for_eval, load_texts,
+                     measured, model_device, name_of, parse_list, quantize_field, render, weights_sha256, write_json)
 
 SCHEMA = "linzoo.quality/v1"
 TASKS = ("lambada_openai", "winogrande", "arc_easy", "arc_challenge", "piqa")
@@ -414,11 +414,13 @@ class QualityArguments(ModelArguments):
     teacher_results: str | None = field(default=None, metadata={
         "help": "the teacher's quality.json on the same tasks/--limit: its scores are reused, not recomputed "
                 "(--teacher is then needed only for the held-out KL)"})
+    quantize: str = quantize_field("the student's (the teacher stays the reference): what quantization costs")
 
     LIMITS = {"limit": {"min": 1}, "heldout_tokens": {"min": 0}}
 
     def __post_init__(self):  # checked here, before any model loads
         super().__post_init__()
+        check_quantize(self.quantize, self.device, self.dtype)
         for task in parse_list(self.tasks, str):
             _check_task(task)
         if self.teacher_results is not None and not Path(self.teacher_results).is_file():
@@ -437,13 +439,16 @@ def main(argv: list[str] | None = None) -> dict:
 
     (args,) = parse_arguments(QualityArguments, argv)
     teacher_results = json.loads(Path(args.teacher_results).read_text()) if args.teacher_results else None
-    model, tokenizer = load_for_eval(args.model, args.device, args.dtype, trust_remote_code=args.trust_remote_code)
+    model, tokenizer = load_for_eval(args.model, args.device, args.dtype, trust_remote_code=args.trust_remote_code,
+                                    quantize=args.quantize)
     teacher, teacher_tokenizer = (load_for_eval(args.teacher, args.device, args.dtype, teacher=True,
                                                 trust_remote_code=args.trust_remote_code)
                                   if args.teacher else (None, None))
     results = evaluate_quality(model, tokenizer, args.tasks, args.data_dir, args.limit, args.batch_size, teacher,
                                teacher_tokenizer, args.heldout, args.heldout_tokens, args.model, args.teacher,
                                teacher_results)
+    if args.quantize != "none":
+        results["quantize"] = args.quantize  # the card leaves these out: not the weights as they are
     json_path, _ = save_quality(results, args.out)
     summary = {t: round(s[results["recovery_metric"][t]], 4) for t, s in results["tasks"].items()}
     if results["teacher_tasks"] is None:

@@ -41,8 +41,8 @@ from pathlib import Path
 
 import torch
 
-from .common import (EvalSpec, ModelArguments, check_out_dir, load_for_eval, measured, parse_list, render,
-                     write_json)
+from .common import (EvalSpec, ModelArguments, check_out_dir, check_quantize, load_for_eval, measured, parse_list,
+                     quantize_field, render, write_json)
 from linzoo.formatting import format_bytes
 
 SCHEMA = "linzoo.speed/v1"
@@ -81,8 +81,14 @@ def tensor_bytes(obj, seen: set | None = None) -> int:
 
 
 def parameter_bytes(model) -> int:
-    """What one decoding step reads of the weights: every parameter once (tied embeddings once)."""
-    return sum(p.nbytes for p in model.parameters())
+    """What one decoding step reads of the weights: every parameter once (tied embeddings once), and the int8 weights
+    of dynamically quantized linears (`--quantize int8`), which torch keeps packed outside `parameters()`."""
+    total = sum(p.nbytes for p in model.parameters())
+    for module in model.modules():
+        if isinstance(module, torch.ao.nn.quantized.dynamic.Linear):
+            weight = module.weight()
+            total += weight.numel() * weight.element_size()
+    return total
 
 
 def roofline_ms(bytes_per_step: int, bandwidth: float) -> float:
@@ -282,7 +288,7 @@ def device_name(device: torch.device) -> str:
 
 def run_speed(models: dict, lengths, batch_sizes, decode_tokens: int = 32, repeats: int = 3, threads: int = 2,
               max_seconds_per_cell: float = 120.0, seed: int = 0, device="cpu", dtype: str = "auto",
-              progress=print) -> dict:
+              progress=print, quantize: str = "none") -> dict:
     """The linzoo.speed/v1 dict for `models` ({name: model on `device`}, the teacher first), at `threads` torch
     threads (put back afterwards)."""
     lengths, batch_sizes = sorted(set(parse_list(lengths, int))), sorted(set(parse_list(batch_sizes, int)))
@@ -296,7 +302,7 @@ def run_speed(models: dict, lengths, batch_sizes, decode_tokens: int = 32, repea
     load.append(os.getloadavg()[0])
     return {"schema": SCHEMA, "models": list(models), "teacher": next(iter(models)), "device": str(device),
             "device_name": device_name(torch.device(device)), "threads": threads, "dtype": dtype,
-            "lengths": lengths, "batch_sizes": batch_sizes, "decode_tokens": decode_tokens, "repeats": repeats,
+            "quantize": quantize, "lengths": lengths, "batch_sizes": batch_sizes, "decode_tokens": decode_tokens, "repeats": repeats,
             "max_seconds_per_cell": max_seconds_per_cell, "seed": seed,
             "load_average": load, **results}  # other processes' share of the CPUs: at or above --threads, suspect
 
@@ -377,7 +383,7 @@ def describe_skipped(results: dict) -> str:
 
 CARD_SECTION = """### Speed
 
-Against {{ speed.teacher }} on {{ speed.device_name }} ({{ speed.device }}, {{ speed.threads }} threads, {{ speed.dtype }} weights): prefill of random tokens, then {{ speed.decode_tokens }} greedy tokens on the cache, median of {{ speed.repeats }} runs after a warm-up; memory bandwidth {{ bandwidth }} GB/s. Each figure is followed by its ratio to the teacher's (below 1: cheaper); decode is per step (a token for each sequence of the batch), its roofline the step's parameter and cache bytes over the bandwidth (and the share of it achieved).
+Against {{ speed.teacher }} on {{ speed.device_name }} ({{ speed.device }}, {{ speed.threads }} threads, {{ speed.dtype }} weights{% if speed.quantize and speed.quantize != 'none' %}, every model's linear layers dynamically quantized to {{ speed.quantize }}{% endif %}): prefill of random tokens, then {{ speed.decode_tokens }} greedy tokens on the cache, median of {{ speed.repeats }} runs after a warm-up; memory bandwidth {{ bandwidth }} GB/s. Each figure is followed by its ratio to the teacher's (below 1: cheaper); decode is per step (a token for each sequence of the batch), its roofline the step's parameter and cache bytes over the bandwidth (and the share of it achieved).
 
 | context (tokens) | batch | model | prefill | decode / token | peak memory | state / sequence | roofline / token |
 |---|---|---|---|---|---|---|---|
@@ -445,6 +451,7 @@ class SpeedArguments:
     device: str = field(default=_MODEL_FIELDS["device"].default, metadata=_MODEL_FIELDS["device"].metadata)
     dtype: str = field(default=_MODEL_FIELDS["dtype"].default, metadata=_MODEL_FIELDS["dtype"].metadata)
     trust_remote_code: bool = field(default=False, metadata=_MODEL_FIELDS["trust_remote_code"].metadata)
+    quantize: str = quantize_field("every model's alike, the teacher's too: what quantization pays")
 
     def __post_init__(self):  # all before any model loads
         if len(self.models) < 2:
@@ -453,6 +460,7 @@ class SpeedArguments:
         if len(set(self.models)) < len(self.models):
             raise ValueError(f"--models {' '.join(self.models)}: each model once")
         ModelArguments(device=self.device, dtype=self.dtype)  # its checks of --device and --dtype
+        check_quantize(self.quantize, self.device, self.dtype)
         _positive("--lengths", self.lengths, int, "256,512,1024")
         _positive("--batch_sizes", self.batch_sizes, int, "1,8")
         for flag, value in (("--decode_tokens", self.decode_tokens), ("--repeats", self.repeats),
@@ -475,9 +483,9 @@ def main(argv: list[str] | None = None) -> dict:
     (args,) = parse_arguments(SpeedArguments, argv)
     models = {}
     for i, spec in enumerate(args.models):
-        models[spec] = load_for_eval(spec, args.device, args.dtype, i == 0, args.trust_remote_code)[0]
+        models[spec] = load_for_eval(spec, args.device, args.dtype, i == 0, args.trust_remote_code, args.quantize)[0]
     results = run_speed(models, args.lengths, args.batch_sizes, args.decode_tokens, args.repeats, args.threads,
-                        args.max_seconds_per_cell, args.seed, args.device, args.dtype)
+                        args.max_seconds_per_cell, args.seed, args.device, args.dtype, quantize=args.quantize)
     json_path, _ = save_speed(results, args.out)
     print(card_section(results, Path(args.out)), end="")
     print(f"load average {results['load_average'][0]:.2f} before, {results['load_average'][1]:.2f} after "

@@ -53,6 +53,10 @@ def matching_results(folder) -> tuple[dict, list[str]]:
     for spec in all_evals():
         path = folder / EVAL_DIR / spec.result_file
         data = read_json(path, spec.schema)
+        if data is not None and data.get("quantize", "none") != "none":
+            left_out.append(f"{EVAL_DIR}/{spec.result_file} left out: it measured the model quantized to "
+                            f"{data['quantize']} (--quantize), not these weights as they are")
+            data = None
         if data is not None and data.get("weights_sha256") != ours:
             theirs = data.get("weights_sha256")
             why = ("it records no weights hash (made before linzoo recorded one): run the eval again" if theirs is None

@@ -156,3 +156,64 @@ def test_bad_input_is_one_line_before_loading(flags, words, tiny_teacher_dir, ti
 def test_one_model_is_refused(tiny_teacher_dir):
     with pytest.raises(ValueError, match="at least one student"):
         speed.main(["--models", str(tiny_teacher_dir)])
+
+
+def test_int8_quantizes_every_model_alike(tiny_teacher_dir, tiny_student_dir, tmp_path):
+    """--quantize int8: both models' linear layers int8 (torch's dynamic quantization), their weight bytes counted
+    (packed outside parameters()), the results saying so; the card leaves them out."""
+    from hub_cards import card
+
+    results = speed.main(["--models", str(tiny_teacher_dir), str(tiny_student_dir), "--lengths", "16",
+                          "--batch_sizes", "1", "--decode_tokens", "2", "--repeats", "1", "--threads", "1",
+                          "--device", "cpu", "--quantize", "int8", "--out", str(tmp_path / "q")])
+    plain = speed.main(["--models", str(tiny_teacher_dir), str(tiny_student_dir), "--lengths", "16",
+                        "--batch_sizes", "1", "--decode_tokens", "2", "--repeats", "1", "--threads", "1",
+                        "--device", "cpu", "--out", str(tmp_path / "p")])
+    assert results["quantize"] == "int8" and plain["quantize"] == "none"
+    for name in results["models"]:  # linear weights at 1 byte instead of 4: fewer bytes, more than the rest alone
+        assert 0 < results["parameter_bytes"][name] < plain["parameter_bytes"][name]
+    assert "dynamically quantized to int8" in speed.card_section(results, tmp_path)
+    (tiny_student_dir / "eval").mkdir(exist_ok=True)
+    target = tiny_student_dir / "eval" / "quality.json"
+    from linzoo.evals.common import write_json
+
+    write_json({"schema": "linzoo.quality/v1", "model": str(tiny_student_dir), "quantize": "int8"}, target)
+    try:
+        found, left_out = card.matching_results(tiny_student_dir)
+        assert found["quality"] is None and any("quantized to int8" in line for line in left_out)
+    finally:
+        target.unlink()
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--quantize", "int4"], "--quantize"),
+    (["--quantize", "int8", "--dtype", "bfloat16"], "leave --dtype auto"),
+])
+def test_bad_quantize_is_one_line_before_loading(flags, words, tiny_teacher_dir, tiny_student_dir, monkeypatch,
+                                                  capsys):
+    from linzoo import cli
+
+    monkeypatch.setattr(speed, "load_for_eval", lambda *a, **k: pytest.fail("a model loaded before the checks"))
+    code = cli.main(["eval", "speed", "--models", str(tiny_teacher_dir), str(tiny_student_dir), *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and words in err and err.count("\n") == 1
+
+
+def test_int8_student_stays_close_and_generates():
+    """The quantized tiny student: logits near the float ones, and generate() runs on its cache (activations are
+    quantized per call, so a cached step is near, not equal to, the same position in one uncached forward)."""
+    from linzoo.evals.common import quantize_int8
+    from test_modeling import VOCAB, tiny_model
+
+    model = tiny_model("gated_deltanet", [1], window_size=4)
+    ids = torch.randint(1, VOCAB, (1, 12))
+    with torch.no_grad():
+        want = model(ids, use_cache=False).logits
+        quantize_int8(model)
+        assert not any(isinstance(m, torch.nn.Linear) and type(m) is torch.nn.Linear for m in model.modules())
+        got = model(ids, use_cache=False).logits
+        assert (got - want).abs().max() < 0.1 * want.abs().max()
+        out = model.generate(ids, max_new_tokens=4, do_sample=False, output_logits=True, return_dict_in_generate=True)
+        full = model(out.sequences[:, :-1], use_cache=False).logits[:, ids.shape[1] - 1:]
+    assert out.sequences.shape == (1, 16)
+    torch.testing.assert_close(torch.stack(out.logits, 1), full, atol=0.1 * full.abs().max().item(), rtol=0)
