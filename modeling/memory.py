@@ -28,10 +28,12 @@ Cost: one more run of the linear core for the recall scores (with a cache), and 
 cache, linear in T: blocks of C queries score their C + W keys (`_banded_window`; the query heads of a kv head share
 its keys); with a sparse cache each block of C = max(W, 64) queries also ranks the G entries kept so far with its own C
 new candidates ([G + C, G + C]) and scores those G as well (`_sparse_window`); decoding keeps W + G keys per layer
-whatever the context length. The softmax runs in torch on every device (the same code on
-CPU and CUDA); only the linear core uses the CUDA kernels. Packed rows run sequence by sequence.
+whatever the context length. On CUDA a prefill or training row's window (no sparse cache) runs through FlexAttention
+(`_flex_window`); everything else is the same torch code on CPU and CUDA, and the linear core uses fla's kernels.
+Packed rows run sequence by sequence.
 """
 
+import functools
 import math
 
 import torch
@@ -183,6 +185,60 @@ def _banded_window(qs, ksE, vsE, validE, null, W):
     return p_null, soft
 
 
+# On CUDA the window runs through FlexAttention from this many new tokens (a decoding step keeps the banded form).
+FLEX_MIN_TOKENS = 128
+
+
+@functools.cache
+def _flex_attention():
+    """FlexAttention, compiled where it fuses (CUDA: one kernel for the sliding window); eager elsewhere."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=True) if torch.cuda.is_available() else flex_attention
+
+
+def _flex_window(qs, ksE, vsE, validE, null, W):
+    """`_banded_window`'s results through FlexAttention: the window as a block mask (query i sees E index e iff
+    i < e <= W + i and validE[e]), the kv heads shared (enable_gqa), and the softmax's log-sum-exp merged with the
+    null logit afterwards: p_null = e^(null - total), the softmax part scaled by e^(lse - total), total their
+    logaddexp. A query with nothing to see (no key, no null) gets 0 for both, with finite gradients."""
+    from torch.nn.attention import flex_attention as flex
+
+    B, H, T, D = qs.shape
+
+    def sliding(b, h, i, e):
+        return (e > i) & (e <= W + i) & validE[b, e]
+
+    block_mask = flex.create_block_mask(sliding, B, None, T, ksE.shape[1], device=qs.device)
+    # torch >= 2.9 returns the log-sum-exp as an auxiliary output, earlier versions with return_lse
+    lse_request = {"return_aux": flex.AuxRequest(lse=True)} if hasattr(flex, "AuxRequest") else {"return_lse": True}
+    out, aux = _flex_attention()(qs.float(), ksE.float().transpose(1, 2), vsE.float().transpose(1, 2),
+                                 block_mask=block_mask, enable_gqa=True, **lse_request)
+    lse = getattr(aux, "lse", aux).float()  # [B, H, T]; -inf where nothing is visible
+    seeing = lse.isfinite() | null.isfinite()
+    total = torch.logaddexp(torch.where(seeing, lse, 0.0), torch.where(seeing, null, 0.0))
+    p_null = torch.where(seeing, (null - total).exp(), 0.0)
+    soft = out.float() * torch.where(seeing, (lse - total).exp(), 0.0)[..., None]
+    return p_null.transpose(1, 2)[..., None], soft.transpose(1, 2)
+
+
+_FLEX_FAILED = []  # why FlexAttention failed once in this process (then the banded form runs, with one warning)
+
+
+def _window(mixer, qs, ksE, vsE, validE, null, W):
+    """The window without a sparse cache: FlexAttention on CUDA for a prefill or a training row, else banded."""
+    if qs.is_cuda and qs.shape[2] >= FLEX_MIN_TOKENS and mixer.config.kernel_backend != "torch" and not _FLEX_FAILED:
+        try:
+            return _flex_window(qs, ksE, vsE, validE, null, W)
+        except Exception as err:  # noqa: BLE001 - a faster form of the same numbers: fall back, say so once
+            import warnings
+
+            _FLEX_FAILED.append(f"{type(err).__name__}: {err}"[:300])
+            warnings.warn(f"linzoo: the window's FlexAttention failed ({_FLEX_FAILED[0]}); the banded torch form, "
+                          "with the same numbers, runs instead", stacklevel=2)
+    return _banded_window(qs, ksE, vsE, validE, null, W)
+
+
 def _sparse_block_size(W):
     """Queries per block of the window with a sparse cache: each block ranks its own G + C candidates."""
     return max(W, 64)
@@ -318,7 +374,7 @@ def memory_forward(mixer, x, valid, cache=None, parts=False, replace_values=None
     outside = absorbed - absorbed.clamp(max=G)  # real tokens only the state holds
     null = mem.null_logit.float()[None, :, None] + outside.clamp(min=0)[:, None, :].log()  # [B, H, T]
     if not G:
-        p_null, soft = _banded_window(qs, ksE, vsE, validE, null, W)
+        p_null, soft = _window(mixer, qs, ksE, vsE, validE, null, W)
     else:
         sparse_old = _state(cache, idx, SPARSE)
         if sparse_old is None:

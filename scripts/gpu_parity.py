@@ -11,8 +11,8 @@ reference, next to the bf16 floor (what bf16 alone explains), and for decoding: 
 chunk kernel, then token-by-token steps with the fused-recurrent kernel, against the full forward.
 
 `--window_size W` / `--sparse_cache_size G` run the same checks on students with exact softmax memory beside the
-linear state (`modeling/memory.py`: its softmax is torch on every device, the linear core fla's kernels), rows named
-`mixer+wW` / `mixer+wW+sG`. `--remote_code` adds a whole-model check of such a student saved with `save_pretrained`
+linear state (`modeling/memory.py`: on the fast path the window runs through FlexAttention and the linear core through
+fla's kernels; the reference is the banded torch window), rows named `mixer+wW` / `mixer+wW+sG`. `--remote_code` adds a whole-model check of such a student saved with `save_pretrained`
 and loaded by `AutoModelForCausalLM.from_pretrained(..., trust_remote_code=True)` on the device: logits of the fast
 path vs the torch path, and greedy `generate()` with the cache vs without it on a passkey prompt.
 """
