@@ -28,7 +28,8 @@ def _expand_gate(g, like):
 
 def _fp32(core):
     """The core in fp32 whatever autocast says around it (a bf16 training step's autocast made its matmuls bf16, and
-    CPU has no bf16 triangular solve): it upcasts its inputs itself and returns the values' dtype."""
+    CPU has no bf16 triangular solve): it upcasts its inputs itself and returns the values' dtype. The window's softmax
+    (`memory.py`) too: under autocast its scores came out bf16, where the masked logit (fp32's lowest) overflows."""
     import functools
 
     @functools.wraps(core)

@@ -42,6 +42,7 @@ from torch import nn
 from transformers import initialization as init
 
 from .kernels import linear_core
+from .linear_ops import _fp32
 
 # The layer cache's states (transformers' LinearAttentionLayer holds several): 0 the linear state, then the window
 # (delayed linear inputs and softmax keys/values of the last W tokens, a ring: see `memory_forward`), the sparse cache,
@@ -142,6 +143,7 @@ def _chunk_size(W):
     return max(W // 4, WINDOW_CHUNK)
 
 
+@_fp32
 def _banded_window(qs, ksE, vsE, validE, null, W):
     """The window's softmax without a sparse cache, block by block: query i sees E index e iff i < e <= W + i and
     validE[e], beside the null logit. qs [B, H, T, D]; ksE [B, W + T, Hkv, D], vsE [B, W + T, Hkv, Dv] (E: the W old
@@ -197,6 +199,7 @@ def _flex_attention():
     return torch.compile(flex_attention, dynamic=True) if torch.cuda.is_available() else flex_attention
 
 
+@_fp32
 def _flex_window(qs, ksE, vsE, validE, null, W):
     """`_banded_window`'s results through FlexAttention: the window as a block mask (query i sees E index e iff
     i < e <= W + i and validE[e]), the kv heads shared (enable_gqa), and the softmax's log-sum-exp merged with the
@@ -244,6 +247,7 @@ def _sparse_block_size(W):
     return max(W, 64)
 
 
+@_fp32
 def _sparse_window(qs, ksE, vsE, validE, null, error, sparse_old, W):
     """The window's softmax with a sparse cache, block by block of queries, without [T, T] scores or ranking.
 

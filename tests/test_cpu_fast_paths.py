@@ -458,3 +458,25 @@ def test_no_pieces_where_they_would_change_the_result():
         model(ids, use_cache=True, labels=ids)
         model(ids, use_cache=True, output_hidden_states=True)
     assert len(calls) == 4
+
+
+@pytest.mark.parametrize("overrides", [{"window_size": 4}, {"window_size": 3, "sparse_cache_size": 2}],
+                         ids=["window4", "window3-sparse2"])
+def test_window_trains_under_bf16_autocast(overrides):
+    """A windowed hybrid's training step under bf16 autocast (what --bf16 does, on a GPU or a CPU): the window's
+    softmax stays fp32 (its masked logit, fp32's lowest, overflowed a bf16 score: 'value cannot be converted to type
+    c10::BFloat16 without overflow', the 2026-12-06 H100 campaign's hybrid_cpu run), the loss and every gradient
+    finite and near the fp32 step's."""
+    model = tiny_model("gated_deltanet", [1], overrides).train()
+    ids = torch.randint(1, VOCAB, (2, 40))
+
+    def step(autocast):
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = model(ids, labels=ids, use_cache=False).loss
+        loss.backward()
+        return loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    (loss, grads), (loss32, _) = step(True), step(False)
+    assert loss.isfinite() and all(g.isfinite().all() for g in grads.values())
+    assert abs(loss.item() - loss32.item()) < 0.05 * loss32.item()
