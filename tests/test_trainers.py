@@ -190,6 +190,9 @@ def test_linearize_stops_each_stage_at_the_deadline_and_saves(tiny_teacher_dir, 
         assert s["tokens"] == 2 * 32 and (out / s["stage"] / "stage_done.json").is_file()  # saved where it stopped
     assert "stopped at its deadline after 1 of" in capsys.readouterr().out
     _loads(out)
+    # the same run with another deadline resumes (here: is already done) instead of being refused as another run
+    assert linearize.main(_linearize_argv(tiny_teacher_dir, tiny_corpus, out, extra=("--max_wall_seconds", "5"))) == 0
+    assert "already done" in capsys.readouterr().out
     with pytest.raises(ValueError, match="--max_wall_seconds -1: give at least 0"):
         LinearizeConfig(output_dir=str(tmp_path), max_wall_seconds=-1)
 
