@@ -13,6 +13,9 @@ A campaign file: one line each, `#` starts a comment line.
     startup SECONDS             of each training run before its first step (loading, packing, the fitted start)
     speed SCRIPT [flags]        a script of scripts/ for the speed phase (run with --teacher and --out added)
     eval niah|quality [flags]   flags for `linzoo eval niah|quality` of the teacher and every student
+    eval speed [flags]          flags for one `linzoo eval speed` of the teacher and every student together, first and
+                                alone on the card (its --models and --out are the campaign's). A campaign with eval
+                                lines runs those evals only; one without runs NIAH and quality with their defaults.
     NAME MIXER TOKENS [flags]   a training run: `linzoo linearize` with recipes/135m/linearize.yaml and these flags
                                 (any linearize flag); TOKENS the most it gets (the speed phase may size it down)
 The run lines alone (recipes/135m/ablation.runs) are a campaign of the `start wait eval` phases.
@@ -33,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "135m" / "linearize.yaml"
 KEYWORDS = ("phase", "side_by_side", "startup", "speed", "eval")
 PHASES = ("speed", "train", "eval")
+EVALS = ("niah", "quality", "speed")  # the `eval` lines' kinds: each a `linzoo eval` command
 STAGES = ("stage1-attention-transfer", "stage2-hidden-alignment", "stage3-kd")
 # What the GPU image lacks and the plan imports: module -> the wheels that carry it (`../shared/device/prepare.sh`
 # puts them in the bundles; pass any missing one to it). CUDA_ONLY modules are imported on the GPU only.
@@ -75,7 +79,7 @@ def read_campaign(path):
                     raise ValueError
                 c["speed"].append(words[1:])
             elif kind == "eval":
-                if words[1] not in ("niah", "quality") or words[1] in c["eval"]:
+                if words[1] not in EVALS or words[1] in c["eval"]:
                     raise ValueError
                 c["eval"][words[1]] = words[2:]
             else:
@@ -142,9 +146,10 @@ def wheel_names(dev):
 
 
 def needed_modules(c):
-    """The modules of NEEDS this plan imports: lm_eval only with an eval line, mlstm_kernels only for xlstm."""
+    """The modules of NEEDS this plan imports: lm_eval only with a NIAH or quality line, mlstm_kernels only for xlstm."""
     xlstm = any("xlstm" in w for line in c["runs"] + c["speed"] for w in line)
-    return [m for m in NEEDS if (m != "lm_eval" or c["eval"]) and (m != "mlstm_kernels" or xlstm)]
+    lm_eval = bool({"niah", "quality"} & set(c["eval"]))
+    return [m for m in NEEDS if (m != "lm_eval" or lm_eval) and (m != "mlstm_kernels" or xlstm)]
 
 
 def check(c, dev, dry, teacher, extra=()):
@@ -190,8 +195,22 @@ def check(c, dev, dry, teacher, extra=()):
                 errors.append(f"run {run[0]} trains on the long corpus: {err}")
     from transformers import HfArgumentParser
 
-    from linzoo.evals import niah, quality
+    from linzoo.evals import niah, quality, speed
+    from linzoo.evals.common import parse_list
 
+    if "speed" in c["eval"]:  # the flags alone: its models (the teacher, the students) exist only on the GPU
+        try:
+            args = HfArgumentParser(speed.SpeedArguments).parse_args(c["eval"]["speed"])
+            if not all(n > 0 for f in (args.lengths, args.batch_sizes) for n in parse_list(f, int) or [0]):
+                raise ValueError
+            if args.models or args.out:
+                errors.append("eval speed: drop --models and --out: the campaign measures the teacher and every "
+                              "student, into its own folder")
+        except SystemExit:
+            errors.append(f"eval speed: its flags do not parse (argparse's message above): {shlex.join(c['eval']['speed'])}")
+        except ValueError:
+            errors.append(f"eval speed: --lengths {args.lengths} --batch_sizes {args.batch_sizes}: give positive "
+                          "whole numbers, comma-separated, each once")
     for kind, dataclass in (("niah", niah.NiahArguments), ("quality", quality.QualityArguments)):
         if kind not in c["eval"]:
             continue
@@ -315,9 +334,12 @@ def report(c, campaign, work, out):
             lines.append(f"| {name}{'' if r['finished'] else ' (unfinished)'} | `{flags.get(name, '')}` | {s['stage']} "
                          f"| {s['tokens']:,} | {_fmt(rate, ',.0f')} | {_fmt(s['first_loss'])} | {_fmt(final)} "
                          f"| {'yes' if s.get('stopped_at_deadline') else ''} |")
-    lines += ["", "## Evaluation (`eval.json`)", "", "| model | recovery above chance | recovery | chance recovery "
-              "| held-out ppl | teacher ppl | KL | NIAH overall | NIAH by length |", "|---|---|---|---|---|---|---|---|---|"]
-    for model, e in evals.items():
+    scored = {model: e for model, e in evals.items() if {"quality", "niah"} & set(e)}
+    timed = {name: e["speed"] for name, e in evals.items() if "speed" in e}
+    if scored or not timed:  # a campaign that only times its models has no table of scores
+        lines += ["", "## Evaluation (`eval.json`)", "", "| model | recovery above chance | recovery | chance recovery "
+                  "| held-out ppl | teacher ppl | KL | NIAH overall | NIAH by length |", "|---|---|---|---|---|---|---|---|---|"]
+    for model, e in scored.items():
         q, n = e.get("quality", {}), e.get("niah", {})
         above = (q.get("recovery_above_chance") or {}).get("average")
         rec, chance = (q.get("recovery") or {}).get("average"), (q.get("chance_recovery") or {}).get("average")
@@ -325,6 +347,11 @@ def report(c, campaign, work, out):
         lines.append(f"| {model} | {_fmt(above, '.1f')} | {_fmt(rec, '.1f')} | {_fmt(chance, '.1f')} "
                      f"| {_fmt(q.get('perplexity'), '.2f')} | {_fmt(q.get('teacher_perplexity'), '.2f')} "
                      f"| {_fmt(q.get('kl_to_teacher'))} | {_fmt(n.get('overall'), '.3f')} | {by_length} |")
+    for name, data in timed.items():  # the speed eval's own card section: every model and context, the crossovers
+        from linzoo.evals.registry import get_eval
+
+        lines += ["", f"## Inference against the teacher (`eval.json`: `{name}`)", "",
+                  get_eval("speed").card_section(data, out).strip()]
     lines += ["", "`details.tgz`: every run's log and records, every eval's JSON, plot and log, the speed phase's logs."]
     (out / "README.md").write_text("\n".join(lines) + "\n")
     if (state / "campaign.log").is_file():

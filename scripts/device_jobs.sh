@@ -27,9 +27,9 @@
 # `.dev/lzcache/` and the five eval sets in `.dev/eval/`. Students and the Triton cache stay in $WORK, so that a
 # later call on the same host continues from them. Results go to $OUT.
 # LONG (default gated_deltanet; empty for none) and SHORT (six mixers; empty for none) pick the runs.
-# CPU dry run of the plumbing: TRAIN_TOKENS, SHORT_TOKENS, TRAIN_ARGS, EVAL_ARGS, NIAH_ARGS, SPEED_ARGS shrink the
-# jobs (DRY=1 sets them); PARITY_ARGS (e.g. "--mixers xlstm") narrows the parity check; EVAL_JOBS (default 6) caps
-# concurrent background eval jobs.
+# CPU dry run of the plumbing: TRAIN_TOKENS, SHORT_TOKENS, TRAIN_ARGS, EVAL_ARGS, NIAH_ARGS, SPEED_ARGS (the speed
+# phase's scripts), SPEED_EVAL_ARGS (`linzoo eval speed`) shrink the jobs (DRY=1 sets them); PARITY_ARGS (e.g.
+# "--mixers xlstm") narrows the parity check; EVAL_JOBS (default 6) caps concurrent background eval jobs.
 set -uo pipefail
 [ $# -gt 0 ] || { echo "usage: device_jobs.sh campaign|start|wait|parity|eval|bench|profile ..."; exit 2; }
 R=$PWD
@@ -47,6 +47,8 @@ if [ -n "$DRY" ]; then  # the CPU rehearsal: every phase as on the GPU, tiny bud
   NIAH_ARGS=${NIAH_ARGS:---lengths 128,256 --depths 0,1 --samples_per_cell 1 --batch_size 4}
   EVAL_ARGS=${EVAL_ARGS:---limit 2 --heldout_tokens 256 --batch_size 4}
   SPEED_ARGS=${SPEED_ARGS:---device cpu --batch 2 --seq_len 32 --iters 1}
+  SPEED_EVAL_ARGS=${SPEED_EVAL_ARGS:---device cpu --dtype float32 --lengths 32,64 --batch_sizes 1,2 --repeats 1
+    --decode_tokens 2 --threads 1}
 fi
 SHORT=${SHORT-linear_attn retnet gla deltanet kda xlstm}  # 2M-token runs; SHORT= (empty): none
 LONG=${LONG-gated_deltanet}  # TRAIN_TOKENS (20M) runs with the recipe's batch; LONG= (empty): none
@@ -167,21 +169,27 @@ pack_runs() {  # all logs and the records of finished runs (never checkpoints) -
    for f in */linzoo_training.json; do echo "finished: $f"; done)
 }
 
-run_eval() {  # teacher + every finished student: the five tasks (recovery, KL) and NIAH (flags: the campaign's eval lines)
-  # NIAH of every model at once; the teacher's quality first, so that each student's reuses its task scores
-  # (--teacher_results) and only needs the teacher for the held-out KL.
-  local models="teacher=$TEACHER" pids=() qflags=(--data_dir "$DEV/eval" --batch_size 64) niah_flags=() quality_flags=() kind flags
+run_eval() {  # teacher + every finished student: the five tasks (recovery, KL), NIAH and speed (the campaign's eval
+  # lines: their flags, and which run; without any, NIAH and quality). Speed first, alone on the card: every model in
+  # one process, the teacher first. Then NIAH of every model at once; the teacher's quality first, so that each
+  # student's reuses its task scores (--teacher_results) and only needs the teacher for the held-out KL.
+  local models="teacher=$TEACHER" students=() pids=() qflags=(--data_dir "$DEV/eval" --batch_size 64) niah_flags=() \
+    quality_flags=() speed_flags=() kinds="" kind flags
   if [ -n "$CAMPAIGN" ]; then
     while read -r kind flags; do  # shellcheck disable=SC2206  # split into words on purpose
-      case $kind in niah) niah_flags=($flags);; quality) quality_flags=($flags);; esac
+      kinds="$kinds $kind "
+      case $kind in niah) niah_flags=($flags);; quality) quality_flags=($flags);; speed) speed_flags=($flags);; esac
     done < <(plan show "$CAMPAIGN" eval)
   fi
-  for d in "$WORK"/runs/*/; do [ -f "$d/linzoo_training.json" ] && models="$models $(basename "$d")=$d"; done
-  eval_job() {  # name quality|niah spec [flags...]; a job that succeeded in an earlier call (its .ok marker) is skipped
-    local name=$1 kind=$2 spec=$3; shift 3
+  [ -n "$kinds" ] || kinds=" niah quality "
+  for d in "$WORK"/runs/*/; do
+    [ -f "$d/linzoo_training.json" ] && models="$models $(basename "$d")=$d" && students+=("${d%/}")
+  done
+  eval_job() {  # name kind [flags...] into $WORK/eval/name/kind; one that succeeded in an earlier call (.ok) is skipped
+    local name=$1 kind=$2; shift 2
     [ -f "$WORK/eval/$name-$kind.ok" ] && return
     rm -f "$WORK/eval/$name-$kind.failed"
-    timeout "$(left)" python3 -m linzoo.cli eval "$kind" --model "$spec" --dtype bfloat16 --out "$WORK/eval/$name/$kind" \
+    timeout "$(left)" python3 -m linzoo.cli eval "$kind" --dtype bfloat16 --out "$WORK/eval/$name/$kind" \
       "$@" >"$WORK/eval/$name-$kind.log" 2>&1 </dev/null && touch "$WORK/eval/$name-$kind.ok" \
       || touch "$WORK/eval/$name-$kind.failed"
     echo "$name $kind: exit $?"; tail -1 "$WORK/eval/$name-$kind.log"
@@ -193,25 +201,35 @@ run_eval() {  # teacher + every finished student: the five tasks (recovery, KL) 
       [ "$n" -lt "$EVAL_JOBS" ] && return; sleep 2
     done
   }
-  for pair in $models; do
-    throttle
+  if [[ $kinds == *" speed "* ]]; then  # into $WORK/eval/all/speed
     # shellcheck disable=SC2086
-    eval_job "${pair%%=*}" niah "${pair#*=}" --lengths 256,512,1024,2048,4096,8192 --batch_size 8 "${niah_flags[@]}" ${NIAH_ARGS:-} &
-    pids+=($!)
-  done
-  # shellcheck disable=SC2086
-  eval_job teacher quality "$TEACHER" "${qflags[@]}" "${quality_flags[@]}" ${EVAL_ARGS:-}
-  local reuse=()
-  [ -f "$WORK/eval/teacher-quality.ok" ] && reuse=(--teacher_results "$WORK/eval/teacher/quality/quality.json")
-  for pair in $models; do
-    name=${pair%%=*}
-    [ "$name" = teacher ] && continue
-    throttle
+    eval_job all speed --models "$TEACHER" "${students[@]}" "${speed_flags[@]}" ${SPEED_EVAL_ARGS:-}
+  fi
+  if [[ $kinds == *" niah "* ]]; then
+    for pair in $models; do
+      throttle
+      # shellcheck disable=SC2086
+      eval_job "${pair%%=*}" niah --model "${pair#*=}" --lengths 256,512,1024,2048,4096,8192 --batch_size 8 \
+        "${niah_flags[@]}" ${NIAH_ARGS:-} &
+      pids+=($!)
+    done
+  fi
+  if [[ $kinds == *" quality "* ]]; then
     # shellcheck disable=SC2086
-    eval_job "$name" quality "${pair#*=}" --teacher "$TEACHER" "${reuse[@]}" "${qflags[@]}" "${quality_flags[@]}" ${EVAL_ARGS:-} &
-    pids+=($!)
-  done
-  wait "${pids[@]}"  # not the training runs, which may still be this shell's children
+    eval_job teacher quality --model "$TEACHER" "${qflags[@]}" "${quality_flags[@]}" ${EVAL_ARGS:-}
+    local reuse=()
+    [ -f "$WORK/eval/teacher-quality.ok" ] && reuse=(--teacher_results "$WORK/eval/teacher/quality/quality.json")
+    for pair in $models; do
+      name=${pair%%=*}
+      [ "$name" = teacher ] && continue
+      throttle
+      # shellcheck disable=SC2086
+      eval_job "$name" quality --model "${pair#*=}" --teacher "$TEACHER" "${reuse[@]}" "${qflags[@]}" "${quality_flags[@]}" \
+        ${EVAL_ARGS:-} &
+      pids+=($!)
+    done
+  fi
+  [ ${#pids[@]} -eq 0 ] || wait "${pids[@]}"  # not the training runs, which may still be this shell's children
 }
 
 # --- the campaign: its state (phase marks, the speed phase's results, the log) lives in $ST across the calls

@@ -30,6 +30,10 @@ linzoo eval niah --model "$OUT" --teacher embedded --variant natural --lengths 2
   --samples_per_cell 4 --batch_size 6 --out "$OUT/eval/natural"
 linzoo eval quality --model "$OUT" --teacher embedded ${EVAL_DATA:+--data_dir "$EVAL_DATA"} --limit 20 \
   --heldout_tokens 2048 --out "$OUT/eval"
+# Is the student cheaper than its teacher? One 2k-token prefill and 16 decoded tokens each (~40 s): the CPU figure of
+# issue 31; the GPU's, 1k-32k tokens at batch 1 and 8, is recipes/135m/speed.runs.
+linzoo eval speed --models embedded "$OUT" --lengths 2048 --batch_sizes 1 --repeats 1 --decode_tokens 16 \
+  --out "$OUT/eval/speed"
 python - "$OUT" <<'PY'
 import json, sys
 out = sys.argv[1]
@@ -51,6 +55,12 @@ def by_length(r):
 for name, folder in (("classic", "eval"), ("natural", "eval/natural")):  # noise haystack, then clean prose
     n, t = (json.load(open(f"{out}/{folder}/{sub}niah.json")) for sub in ("", "teacher/"))
     print(f"  NIAH {name:7s} by length {by_length(n)}  (teacher {by_length(t)})")
+speed = json.load(open(f"{out}/eval/speed/speed.json"))
+rows = {r["model"]: r for r in speed["rows"]}  # one length, one batch: a row per model
+student, teacher = rows[speed["models"][1]], rows[speed["teacher"]]
+print(f"  speed at {student['length']} tokens: prefill {student['prefill_s']:.1f} s (teacher {teacher['prefill_s']:.1f} s, "
+      f"{student['ratios']['prefill_s']:.2f}x), decode {student['decode_ms_per_token']:.0f} ms/token (teacher "
+      f"{teacher['decode_ms_per_token']:.0f}, {student['ratios']['decode_ms_per_token']:.2f}x)")
 record, config = json.load(open(f"{out}/linzoo_training.json")), json.load(open(f"{out}/config.json"))
 choice = record.get("attn_layers_choice")
 why = (f"{choice['rule']}: {choice['by']}, best head per layer " + ", ".join(f"L{l} {s}" for l, s in choice["scores"].items())

@@ -117,6 +117,32 @@ def test_dry_campaign_end_to_end(tiny_teacher_dir, tiny_corpus, tmp_path):
     assert "starting" not in again.stdout  # nothing retrained
 
 
+def test_dry_speed_campaign_end_to_end(tiny_teacher_dir, tiny_corpus, tmp_path):
+    """recipes/135m/speed.runs (issue 31), the queue's second, rehearsed as it stands but for the hybrid's softmax
+    layers (the tiny teacher has two): the speed phase's benchmarks, both students built from the fitted start, and
+    one `linzoo eval speed` of the teacher and both (its only eval), its table in the report."""
+    text = tiny_corpus / "text.txt"
+    real = (ROOT / "recipes" / "135m" / "speed.runs").read_text()
+    plan = tmp_path / "speed.runs"
+    plan.write_text(real.replace("--attn_layers 6 17 18 20 21 23", "--attn_layers 1"))
+    assert plan.read_text() != real
+    proc = dry_run(tmp_path, tiny_teacher_dir, fake_dev(tmp_path, text), plan)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert "campaign check: ok: runs pure, main_hybrid; evals speed" in out and "campaign: done" in out
+    runs = tmp_path / "work" / "runs"
+    config = json.loads((runs / "main_hybrid" / "config.json").read_text())
+    assert (config["attn_layers"], config["window_size"]) == ([1], 64)
+    assert "pure" in json.loads((tmp_path / "out" / "training.json").read_text())["runs"]
+    evals = json.loads((tmp_path / "out" / "eval.json").read_text())
+    assert list(evals) == ["all"] and list(evals["all"]) == ["speed"]  # no NIAH, no quality
+    speed = evals["all"]["speed"]
+    assert speed["models"] == [str(tiny_teacher_dir), str(runs / "main_hybrid"), str(runs / "pure")]
+    assert {(r["length"], r["batch"]) for r in speed["rows"]} == {(32, 1), (64, 1), (32, 2), (64, 2)}
+    readme = (tmp_path / "out" / "README.md").read_text()
+    assert "## Inference against the teacher" in readme and f"| 64 | 2 | {runs / 'pure'} |" in readme
+
+
 def test_a_call_spends_its_time_only_on_what_it_started(tiny_teacher_dir, tiny_corpus, tmp_path):
     """What the first lent GPU met (H100, 2026-12-05): (1) three calls stopped at the check, yet the plan's clock had
     started in the first, so the speed phase found its time spent and measured nothing; (2) a call that found its
@@ -207,7 +233,7 @@ def test_the_queue_fires_the_first_campaign_not_done(tmp_path):
     without CAMPAIGN fires the head, and says so when nothing is left."""
     queue = ROOT / "recipes" / "135m" / "gpu-queue.txt"
     entries = campaign.read_queue(queue)
-    assert entries[0] == "recipes/135m/campaign.runs"
+    assert entries[:2] == ["recipes/135m/campaign.runs", "recipes/135m/speed.runs"]
     (tmp_path / "dev").mkdir()
     for entry in entries:
         errors = campaign.check(campaign.read_campaign(ROOT / entry), tmp_path / "dev", dry=True, teacher="embedded",

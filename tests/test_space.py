@@ -245,6 +245,29 @@ def test_results_view(tmp_path):
     assert space.results_view([ROOT / "tests"])[0] == "no results yet"
 
 
+def test_model_rows_say_measured_decoding_or_state_size_and_not_measured(tiny_teacher_dir, tiny_student_dir, tmp_path):
+    """The Ask tab's table of the offered models: a folder with a speed.json beside it (eval/speed/, as the main job
+    writes it) shows the decode ms/token and state it measured; one without, its state size from config.json at the
+    Space's longest context and "not measured"."""
+    from linzoo.evals import speed
+
+    measured = shutil.copytree(tiny_student_dir, tmp_path / "measured")
+    models = {str(tiny_teacher_dir): linzoo.load_teacher(str(tiny_teacher_dir))[0],
+              str(measured): linzoo.load_model(str(measured))[0]}
+    results = speed.run_speed(models, "16,32", "1", decode_tokens=2, repeats=1, threads=1, progress=lambda *a: None)
+    speed.save_speed(results, measured / "eval" / "speed")
+    rows = {r["model"]: r for r in results["rows"] if r["length"] == 32}
+    ours, teacher = rows[str(measured)], rows[str(tiny_teacher_dir)]
+    size = state_sizes(json.loads((tiny_student_dir / "config.json").read_text()), space.MAX_CONTEXT)
+    assert space.model_rows([str(measured), str(tiny_student_dir)]) == [
+        [str(measured), f"{format_bytes(ours['state_bytes_per_sequence'])} at 32 tokens (measured)",
+         f"{ours['decode_ms_per_token']:.1f} ms/token at 32 tokens, batch 1, on {results['device_name']} (cpu); "
+         f"teacher {teacher['decode_ms_per_token']:.1f} ms/token, {ours['ratios']['decode_ms_per_token']:.2f}×"],
+        [str(tiny_student_dir), f"{format_bytes(size.fixed)} fixed at {space.MAX_CONTEXT} tokens (from its config)",
+         "not measured"]]
+    assert space.model_row("embedded")[2] == "not measured"  # no folder beside it to hold a measurement
+
+
 # ------------------------------------------------------------------------------------------ served app
 
 
@@ -347,6 +370,14 @@ def test_client_results_tab(served):
     assert recovery["data"][0][:2] == ["tiny-gdn", "embedded"]
     assert "91.5%" in recovery["data"][0] and "77.9%" in recovery["data"][0]  # recovery, a uniform guess's
     assert niah_rows["data"][0][:4] == ["tiny-gdn", "passkey", "raw", "0.500"]
+
+
+def test_client_models_table(served):
+    url, spec = served
+    rows = Client(url, verbose=False).predict(api_name="/models")["data"]
+    assert [row[0] for row in rows] == [spec, "embedded"]
+    assert rows[0] == space.model_row(spec) and rows[0][1].endswith("fixed at 4096 tokens (from its config)")
+    assert rows[0][2] == rows[1][2] == "not measured"
 
 
 def test_browser_runs_a_query_and_shows_the_verdict(served, tmp_path):

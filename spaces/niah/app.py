@@ -29,6 +29,8 @@ def build_demo(models: list[str], results: list) -> gr.Blocks:
                 needle = gr.Radio(list(space.VARIANT_CHOICES), value="passkey", elem_id="needle",
                                   label="needle (a NIAH variant, or custom: your own)")
                 prompt = gr.Radio(["raw", "chat"], value="raw", label="prompt format")
+            offered = gr.Dataframe(headers=space.MODEL_HEADERS, label="the models: state and measured decoding speed",
+                                   interactive=False, wrap=True, column_widths=space.MODEL_WIDTHS, elem_id="models")
             with gr.Row():
                 context = gr.Slider(128, space.MAX_CONTEXT, value=1024, step=128, label="context length (tokens)",
                                     elem_id="context")
@@ -53,6 +55,7 @@ def build_demo(models: list[str], results: list) -> gr.Blocks:
                   api_name="ask")
         demo.load(lambda: space.results_view(results), None, [note, gallery, *tables],
                   api_name="results")
+        demo.load(lambda: space.model_rows(models), None, offered, api_name="models")
     return demo
 
 

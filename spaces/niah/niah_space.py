@@ -1,6 +1,7 @@
 """The NIAH Space without its UI: model choices and a load-once cache, one query over one to three
-models, the haystack as HTML with the needle marked, fixed-state vs KV-cache sizes, and the view of
-measured results. `app.py` beside it wires these into Gradio; `linzoo space` runs that app locally.
+models, the haystack as HTML with the needle marked, fixed-state vs KV-cache sizes, each offered model's state size
+and measured decoding speed, and the view of measured results. `app.py` beside it wires these into Gradio;
+`linzoo space` runs that app locally.
 
     linzoo space --models runs/main,embedded --port 7860
     LINZOO_SPACE_MODELS=org/my-student-base python spaces/niah/app.py   # as on the Hub
@@ -31,7 +32,8 @@ from pathlib import Path
 
 from linzoo.arguments import ArgumentParser
 from linzoo.evals import niah
-from linzoo.formatting import format_bytes
+from linzoo.evals.common import EVAL_DIR
+from linzoo.formatting import NOT_MEASURED, format_bytes
 from linzoo.modeling.configuration_linzoo import StateSize, state_sizes
 
 MAX_CONTEXT = 4096  # so that a free CPU Space (2 vCPU) answers a 135M model within about a minute
@@ -49,6 +51,8 @@ RESULT_HEADERS = ["model", "expected", "answer", "verdict", "seconds", "prompt t
                   "state at this context", "teacher KV cache at this context"]
 RESULT_WIDTHS = ["20%", "9%", "21%", "9%", "7%", "7%", "14%", "13%"]
 CORRECT, WRONG = "✓ correct", "✗ wrong"
+MODEL_HEADERS = ["model", "state per sequence", "decode ms/token"]
+MODEL_WIDTHS = ["30%", "35%", "35%"]
 MODEL_TYPES = ("linzoo", "llama")  # linzoo's students and their teachers (SmolLM2 is a Llama)
 MAX_PARAMETERS = 2_000_000_000  # 8 GB in fp32: a free CPU Space has 16 GB (SmolLM2-1.7B's students fit)
 
@@ -66,13 +70,17 @@ def default_models() -> list[str]:
     return [DEFAULT_FOLDER, "embedded"] if (Path(DEFAULT_FOLDER) / "config.json").is_file() else ["embedded"]
 
 
+def is_hub_id(spec: str) -> bool:
+    """`spec` names a Hub repo (org/name), not a path on this disk."""
+    return spec.count("/") == 1 and not spec.startswith((".", "/", "~")) and not Path(spec).expanduser().exists()
+
+
 def check_models(models: list[str]) -> list[str]:
     """`models`, once each local one is a model: a folder with config.json or a .gguf file (Hub ids and 'embedded'
     are loaded, and reported, when a visitor first picks them). A ValueError names the first that is not."""
     for spec in models:
         path = Path(spec).expanduser()
-        hub_id = spec.count("/") == 1 and not spec.startswith((".", "/", "~")) and not path.exists()
-        if spec == "embedded" or hub_id:
+        if spec == "embedded" or is_hub_id(spec):
             continue
         if not ((path / "config.json").is_file() or (spec.endswith(".gguf") and path.is_file())):
             raise ValueError(f"--models: {spec!r} is not a model folder (none with a config.json), a .gguf file, a Hub "
@@ -241,6 +249,70 @@ def run_query(models: list[str], context_len: int, depth: float, variant: str = 
         shown = shown or sample
     progress(1.0, desc="done")
     return highlight_html(shown.haystack, [shown.needle_span]), rows
+
+
+def speed_results(spec: str) -> tuple[dict, list[dict]] | None:
+    """(the speed eval's results, this model's rows in them) from beside the model: its results file in <folder>/eval/
+    (`linzoo eval speed`'s default --out) or <folder>/eval/speed/ (the main job's), locally or in a Hub repo (push
+    uploads eval/). Its rows are the model's whose name is this folder (or, failing that, the file's only student);
+    None where no such file measured it ('embedded', a folder or repo without one)."""
+    from huggingface_hub import hf_hub_download
+
+    from linzoo.evals.registry import get_eval
+
+    speed = get_eval("speed")
+    folder, hub_id = Path(spec).expanduser(), is_hub_id(spec)
+    if spec == "embedded" or not (hub_id or folder.is_dir()):
+        return None
+    for name in (f"{EVAL_DIR}/{speed.result_file}", f"{EVAL_DIR}/{speed.name}/{speed.result_file}"):
+        try:
+            path = hf_hub_download(spec, name) if hub_id else folder / name
+        except (OSError, ValueError):  # not in the repo, or the Hub out of reach: not measured
+            continue
+        data = speed.read(path) if Path(path).is_file() else None
+        if not data:
+            continue
+        ours = [m for m in data["models"] if not hub_id and Path(m).expanduser().resolve() == folder.resolve()]
+        if not ours and len(data["models"]) == 2:  # a file beside the model with one student: that student's
+            ours = data["models"][1:]
+        rows = [r for r in data["rows"] if ours and r["model"] == ours[0]]
+        if rows:
+            return data, rows
+    return None
+
+
+def model_row(spec: str, tokens: int = MAX_CONTEXT) -> list[str]:
+    """A MODEL_HEADERS row: the state one sequence keeps (measured beside the model at the longest context measured,
+    else from its config.json at `tokens` tokens, fp32 as this Space runs) and its measured decoding ms/token at the
+    smallest batch and longest context of that measurement with the teacher's beside it, else "not measured"."""
+    from linzoo.loading import read_config
+
+    found = speed_results(spec)
+    if found is None:
+        try:
+            state = f"{describe_state(state_sizes(read_config(spec), tokens))} at {tokens} tokens (from its config)"
+        except (OSError, ValueError, KeyError, TypeError):
+            state = "unknown (its config.json could not be read)"
+        return [spec, state, NOT_MEASURED]
+    data, rows = found
+    batch = min(r["batch"] for r in rows)
+    row = max((r for r in rows if r["batch"] == batch), key=lambda r: r["length"])
+    teacher = next(r for r in data["rows"] if r["model"] == data["teacher"] and r["length"] == row["length"]
+                   and r["batch"] == batch)
+    where = f"at {row['length']} tokens, batch {batch}, on {data['device_name']} ({data['device']})"
+    vs = "" if row is teacher else (f"; teacher {teacher['decode_ms_per_token']:.1f} ms/token, "
+                                    f"{row['ratios']['decode_ms_per_token']:.2f}×")
+    return [spec, f"{format_bytes(row['state_bytes_per_sequence'])} at {row['length']} tokens (measured)",
+            f"{row['decode_ms_per_token']:.1f} ms/token {where}{vs}"]
+
+
+_hub_model_row = lru_cache(maxsize=None)(model_row)  # a Hub repo's files are fetched once a process, not every visit
+
+
+def model_rows(models: list[str]) -> list[list[str]]:
+    """One MODEL_HEADERS row per offered model, in the owner's order; a folder's read afresh at every visit (a speed
+    eval may have finished since)."""
+    return [(_hub_model_row if is_hub_id(spec) else model_row)(spec) for spec in models]
 
 
 def result_tables() -> list:
