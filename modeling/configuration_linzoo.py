@@ -38,9 +38,11 @@ class LinzooConfig(PretrainedConfig):
         gate_logit_normalizer (`float`): divides GLA's log-sigmoid gate (fla's default 16).
         igate_soft_cap (`float`): soft cap on xLSTM's exponential input gate pre-activation.
         chunk_size (`int`): chunk length of the pure-torch chunked form.
-        prefill_chunk_size (`int`): a prompt longer than this is prefilled (no gradient, with a cache) in pieces of
+        prefill_piece_size (`int`): a prompt longer than this is prefilled (no gradient, with a cache) in pieces of
             this many tokens, each continuing the cache of the last: the state is the same, and memory stays that of
-            one piece instead of growing with the prompt. 0: one forward whatever its length.
+            one piece instead of growing with the prompt. 0: one forward whatever its length. (Not transformers'
+            `generation_config.prefill_chunk_size`, which splits prompts inside `generate()` only, and which a model
+            config field of that name would switch on.)
         window_size (`int`): in every linear layer, exact softmax attention (the teacher's q, k, v with RoPE) over the
             last `window_size` tokens beside the linear state, which then holds only the tokens that left the window
             (LoLCATs; `memory.py`). 0 (the default): off.
@@ -84,7 +86,7 @@ class LinzooConfig(PretrainedConfig):
         gate_logit_normalizer=16.0,
         igate_soft_cap=15.0,
         chunk_size=64,
-        prefill_chunk_size=4096,
+        prefill_piece_size=4096,
         window_size=0,
         sparse_cache_size=0,
         teacher=None,
@@ -109,7 +111,7 @@ class LinzooConfig(PretrainedConfig):
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}.")
         for name, value in (("window_size", window_size), ("sparse_cache_size", sparse_cache_size),
-                            ("prefill_chunk_size", prefill_chunk_size)):
+                            ("prefill_piece_size", prefill_piece_size)):
             if int(value) != value or value < 0:
                 raise ValueError(f"{name} must be a whole number >= 0 (0: off), got {value!r}.")
 
@@ -137,7 +139,7 @@ class LinzooConfig(PretrainedConfig):
         self.gate_logit_normalizer = gate_logit_normalizer
         self.igate_soft_cap = igate_soft_cap
         self.chunk_size = chunk_size
-        self.prefill_chunk_size = int(prefill_chunk_size)
+        self.prefill_piece_size = int(prefill_piece_size)
         self.window_size = int(window_size)
         self.sparse_cache_size = int(sparse_cache_size)
         self.teacher = teacher

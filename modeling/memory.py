@@ -52,8 +52,16 @@ NUMBER_OF_STATES = 4
 
 
 def rope_inv_freq(head_dim, theta):
-    exponent = torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim
-    return 1.0 / theta**exponent
+    """RoPE's inverse frequencies [head_dim / 2] (fp32, CPU), computed once per (head_dim, theta): a decoding step of a
+    windowed layer asks for them every token."""
+    return _inv_freq(int(head_dim), float(theta)).clone()
+
+
+@functools.lru_cache(maxsize=None)
+def _inv_freq(head_dim, theta):
+    with torch.inference_mode(False):  # an ordinary tensor even when first asked for under inference_mode
+        exponent = torch.arange(0, head_dim, 2, dtype=torch.float32, device="cpu") / head_dim
+        return 1.0 / theta**exponent
 
 
 def rotate_half(x):
@@ -185,6 +193,26 @@ def _banded_window(qs, ksE, vsE, validE, null, W):
     p_null = p_null.transpose(2, 3).reshape(B, H, n * C)[:, :, :T].transpose(1, 2)[..., None]
     soft = soft.permute(0, 1, 3, 2, 4, 5).reshape(B, H, n * C, Dv)[:, :, :T].transpose(1, 2)
     return p_null, soft
+
+
+@_fp32
+def _window_step(qs, ks, vs, valid, null):
+    """A decoding step's window (one query per sequence, no sparse cache): `_banded_window`'s results for the query
+    that sees the ring's W rows (ks, vs [B, W, Hkv, D], valid [B, W, 1], the new token among them), in a dozen
+    operations instead of the blocks' bookkeeping. qs [B, H, 1, D], null [B, H, 1]."""
+    B, H, _, D = qs.shape
+    Hkv = ks.shape[2]
+    seen = valid[:, None, None, :, 0].bool()  # [B, 1, 1, W]
+    scores = (qs.float().view(B, Hkv, H // Hkv, D) @ ks.float().permute(0, 2, 3, 1)).mul_(D**-0.5)  # [B, Hkv, R, W]
+    scores = scores.masked_fill_(~seen, NEVER)
+    null = null.view(B, Hkv, H // Hkv)
+    seeing = seen.any(-1) | null.isfinite()
+    top = torch.where(seeing, torch.maximum(scores.amax(-1), null), 0.0)
+    weights = (scores - top[..., None]).exp_()
+    null_weight = (null - top).exp()
+    total = torch.where(seeing, weights.sum(-1) + null_weight, 1.0)
+    soft = (weights @ vs.float().transpose(1, 2)) / total[..., None]  # [B, Hkv, R, D]
+    return (null_weight / total).view(B, 1, H, 1), soft.view(B, 1, H, D)
 
 
 # On CUDA the window runs through FlexAttention from this many new tokens (a decoding step keeps the banded form).
@@ -335,7 +363,7 @@ def memory_forward(mixer, x, valid, cache=None, parts=False, replace_values=None
     counts = _state(cache, idx, COUNTS)
     counts = x.new_zeros(B, 3, dtype=torch.float32) if counts is None else counts  # seen, absorbed, ring start
     positions = counts[:, :1].long() + valid.long().cumsum(1) - 1
-    angles = rope_angles(positions, rope_inv_freq(D, mem.rope_theta), projected[0].dtype)
+    angles = rope_angles(positions, _inv_freq(D, float(mem.rope_theta)), projected[0].dtype)
     qs = apply_rope(projected[0].view(B, T, H, D).transpose(1, 2), angles)
     ks = apply_rope(projected[1].view(B, T, Hkv, D).transpose(1, 2), angles).transpose(1, 2)
     vs = projected[2].view(B, T, Hkv, D) if replace_values is None else (
@@ -357,8 +385,10 @@ def memory_forward(mixer, x, valid, cache=None, parts=False, replace_values=None
         leaving_row = ring.gather(1, slot)
         ring.scatter_(1, slot, _pack(new)[0])
         leaving_parts, ring_parts = _unpack(leaving_row, layout), _unpack(ring, layout)
-        # k, v, g, beta: only their leaving row is read; the softmax's keys, values and valid flags: all W + 1 rows
-        E = leaving_parts[:-3] + [torch.cat(parts, 1) for parts in zip(leaving_parts[-3:], ring_parts[-3:])]
+        # k, v, g, beta: only their leaving row is read. The softmax's keys, values and valid flags: the query sees the
+        # ring's W rows (`_window_step`); the sparse cache's ranking reads all W + 1 rows.
+        E = leaving_parts[:-3] + ([torch.cat(parts, 1) for parts in zip(leaving_parts[-3:], ring_parts[-3:])] if G
+                                  else leaving_parts[-3:])
     else:
         rows = (torch.arange(W, device=dev) + start[:, None]) % W  # [B, W]: oldest first
         old = ring.gather(1, rows[..., None].expand(B, W, ring.shape[-1]))
@@ -378,7 +408,8 @@ def memory_forward(mixer, x, valid, cache=None, parts=False, replace_values=None
     outside = absorbed - absorbed.clamp(max=G)  # real tokens only the state holds
     null = mem.null_logit.float()[None, :, None] + outside.clamp(min=0)[:, None, :].log()  # [B, H, T]
     if not G:
-        p_null, soft = _window(mixer, qs, ksE, vsE, validE, null, W)
+        p_null, soft = (_window_step(qs, *ring_parts[-3:], null) if stepped
+                        else _window(mixer, qs, ksE, vsE, validE, null, W))
     else:
         sparse_old = _state(cache, idx, SPARSE)
         if sparse_old is None:

@@ -390,10 +390,10 @@ class LinzooForCausalLM(LinzooPreTrainedModel, GenerationMixin):
         return super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
 
     def _prefills_in_pieces(self, model_kwargs, labels):
-        """Whether this call is a long prefill to run in `config.prefill_chunk_size` pieces: inference (no gradient)
+        """Whether this call is a long prefill to run in `config.prefill_piece_size` pieces: inference (no gradient)
         with a cache, longer than one piece, and nothing asked for that pieces would change (labels, every layer's
         hidden states)."""
-        piece = self.config.prefill_chunk_size
+        piece = self.config.prefill_piece_size
         tokens = model_kwargs["input_ids"] if model_kwargs["input_ids"] is not None else model_kwargs["inputs_embeds"]
         use_cache = model_kwargs["use_cache"] if model_kwargs["use_cache"] is not None else self.config.use_cache
         return bool(piece and tokens is not None and tokens.shape[1] > piece and use_cache and labels is None
@@ -403,7 +403,7 @@ class LinzooForCausalLM(LinzooPreTrainedModel, GenerationMixin):
         """The model over the prompt piece by piece, each continuing the cache (the continuation a decoding step also
         is): the same states, and the activations of one piece at a time. Keeps the last hidden states that
         `logits_to_keep` asks for (all when 0)."""
-        piece, kw = self.config.prefill_chunk_size, dict(model_kwargs)
+        piece, kw = self.config.prefill_piece_size, dict(model_kwargs)
         tokens = kw["input_ids"] if kw["input_ids"] is not None else kw["inputs_embeds"]
         T = tokens.shape[1]
         tail = logits_to_keep if isinstance(logits_to_keep, int) and logits_to_keep > 0 else T

@@ -416,7 +416,7 @@ def test_window_projects_once():
 
 @pytest.mark.parametrize("mixer, attn_layers, overrides", MODEL_CASES)
 def test_prefill_in_pieces_equals_one_forward(mixer, attn_layers, overrides):
-    """A prompt longer than `prefill_chunk_size` is prefilled in pieces (left padding, a hybrid's softmax layers, the
+    """A prompt longer than `prefill_piece_size` is prefilled in pieces (left padding, a hybrid's softmax layers, the
     window's ring, the sparse cache): the kept logits, the cache and what decodes after it equal one forward's."""
     model = tiny_model(mixer, attn_layers, overrides)
     torch.manual_seed(3)
@@ -427,7 +427,7 @@ def test_prefill_in_pieces_equals_one_forward(mixer, attn_layers, overrides):
     runs = {}
     with torch.no_grad():
         for piece in (0, 5):
-            model.config.prefill_chunk_size = piece
+            model.config.prefill_piece_size = piece
             calls = []
             hook = model.model.register_forward_hook(lambda *_: calls.append(1))
             every = model(ids, attention_mask=mask, use_cache=True).logits
@@ -448,7 +448,7 @@ def test_prefill_in_pieces_equals_one_forward(mixer, attn_layers, overrides):
 def test_no_pieces_where_they_would_change_the_result():
     """Training (gradients), labels, every layer's hidden states, or no cache: one forward."""
     model = tiny_model("gated_deltanet", [], {})
-    model.config.prefill_chunk_size = 4
+    model.config.prefill_piece_size = 4
     ids = torch.randint(1, VOCAB, (1, 9))
     calls = []
     model.model.register_forward_hook(lambda *_: calls.append(1))
