@@ -125,10 +125,13 @@ def _pack(parts):
     return torch.cat([p.reshape(B, T, -1).float() for p in parts], -1), [(p.shape[2:], p.dtype) for p in parts]
 
 
-def _unpack(packed, layout):
+def _unpack(packed, layout, last=None):
+    """`_pack`'s parts back from packed [B, T, F]; only the `last` ones when given (a decoding step reads the ring's
+    softmax keys, values and flags, not its linear inputs)."""
     B, T = packed.shape[:2]
     sizes = [math.prod(shape) for shape, _ in layout]
-    return [x.reshape(B, T, *shape).to(dtype) for x, (shape, dtype) in zip(packed.split(sizes, -1), layout)]
+    parts = list(zip(packed.split(sizes, -1), layout))
+    return [x.reshape(B, T, *shape).to(dtype) for x, (shape, dtype) in parts[-last if last else 0:]]
 
 
 def _state(cache, layer_idx, idx):
@@ -384,7 +387,7 @@ def memory_forward(mixer, x, valid, cache=None, parts=False, replace_values=None
         slot = start[:, None, None].expand(B, 1, ring.shape[-1])
         leaving_row = ring.gather(1, slot)
         ring.scatter_(1, slot, _pack(new)[0])
-        leaving_parts, ring_parts = _unpack(leaving_row, layout), _unpack(ring, layout)
+        leaving_parts, ring_parts = _unpack(leaving_row, layout), _unpack(ring, layout, last=3)
         # k, v, g, beta: only their leaving row is read. The softmax's keys, values and valid flags: the query sees the
         # ring's W rows (`_window_step`); the sparse cache's ranking reads all W + 1 rows.
         E = leaving_parts[:-3] + ([torch.cat(parts, 1) for parts in zip(leaving_parts[-3:], ring_parts[-3:])] if G
