@@ -277,7 +277,7 @@ def _fmt(x, spec=".3f"):
     return "—" if x is None else format(x, spec)
 
 
-def report(c, campaign, work, out):
+def report(c, campaign, work, out, failed=""):
     """Writes OUT as results/gpu/<date>/ will hold it: README.md (the tables), speed.json, training.json, eval.json,
     card.txt, campaign.log and details.tgz (every log, record and plot); checks the device's limits on them."""
     sys.path.insert(0, str(ROOT / "scripts"))
@@ -293,9 +293,10 @@ def report(c, campaign, work, out):
         speed["size"] = (state / "size.txt").read_text().splitlines()
     (out / "speed.json").write_text(json.dumps(speed, indent=1))
     runs = summarize(work / "runs") if (work / "runs").is_dir() else {}
-    done = all(t["state"] == "done" for t in times)
+    failed = [line for line in failed.splitlines() if line.strip()]  # device_jobs.sh's failures(): a line each
+    done = all(t["state"] == "done" for t in times) and not failed  # a failed run or eval leaves it to be fired again
     (out / "training.json").write_text(json.dumps({"card": card, "campaign": Path(campaign).name, "complete": done,
-                                                   "runs": runs}, indent=1))
+                                                   "failed": failed, "runs": runs}, indent=1))
     evals = {}
     for f in sorted((work / "eval").glob("*/*/*.json")):  # <model>/<kind>/<kind>.json
         evals.setdefault(f.parts[-3], {})[f.stem] = json.loads(f.read_text())
@@ -306,11 +307,15 @@ def report(c, campaign, work, out):
             for p in sorted(work.glob(pattern)):
                 tar.add(p, arcname=str(p.relative_to(work)))
     lines = [f"# GPU campaign `{Path(campaign).name}` — {time.strftime('%Y-%m-%d')}", "",
-             f"Card: {card}. {'Complete' if done else 'Partial: the campaign had not finished when this was packed'}. "
+             f"Card: {card}. " + ('Complete' if done else f'Failed: {len(failed)} runs or evals (below); the queue fires '
+                                   'it again' if failed else 'Partial: the campaign had not finished when this was packed')
+             + ". "
              f"Made by `CAMPAIGN={os.path.relpath(campaign, ROOT)} bash scripts/device_jobs.sh campaign` (README: "
              "Firing the GPU campaign).",
              "", "## Time: planned vs used", "", "| phase | planned s | used s | state |", "|---|---|---|---|"]
     lines += [f"| {t['phase']} | {t['planned_s']:g} | {_fmt(t['used_s'], 'd')} | {t['state']} |" for t in times]
+    if failed:
+        lines += ["", "## Failed", ""] + [f"- {line}" for line in failed]
     lines += ["", "## Speed (`speed.json`)", "", "| mixer | fwd+bwd tok/s | stage 1 | stage 2 | stage 3 | s1/s3 | s2/s3 "
               "| s3/fwd+bwd |", "|---|---|---|---|---|---|---|---|"]
     for mixer, row in speed.get("bench_speed", {}).get("rows", {}).items():
@@ -418,6 +423,7 @@ def main(argv=None):
     p.add_argument("--campaign", required=True)
     p.add_argument("--work", required=True)
     p.add_argument("--out", required=True)
+    p.add_argument("--failed", default="", help="device_jobs.sh's failed runs and evals, a line each")
     p = sub.add_parser("next")
     p.add_argument("queue")
     p.add_argument("--results", default=str(ROOT / "results" / "gpu"))
@@ -449,7 +455,7 @@ def main(argv=None):
             print("\n".join(lines))
             Path(args.out).write_text("".join(shlex.join([r[0], r[1], str(tokens), *r[3:]]) + "\n" for r in c["runs"]))
         else:
-            for t in report(c, args.campaign, args.work, args.out):
+            for t in report(c, args.campaign, args.work, args.out, args.failed):
                 print(f"{prog}: {t['phase']:6s} planned {t['planned_s']:6g} s  used {_fmt(t['used_s'], '>6d')} s  {t['state']}")
     except (ValueError, FileNotFoundError, KeyError, StopIteration) as err:
         print(f"{prog}: error: {err}", file=sys.stderr)

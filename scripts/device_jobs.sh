@@ -317,10 +317,11 @@ campaign)
   [ $rc = 2 ] && { echo "campaign: stopped: fix the above and call again"; exit 2; }
   failed=$(failures)
   [ -n "$failed" ] && { echo "campaign: FAILED (what the others measured is packed all the same):"; echo "$failed"; }
-  if [ $rc = 0 ]; then echo "campaign: done; copy \$OUT (not triton-cache.tgz) into results/gpu/<date>/"
-  else echo "campaign: not finished: make the same call again"; fi
+  if [ $rc != 0 ]; then echo "campaign: not finished: make the same call again"
+  elif [ -n "$failed" ]; then echo "campaign: finished with the failures above; copy \$OUT into results/gpu/<date>/ (not complete: the queue fires it again)"
+  else echo "campaign: done; copy \$OUT (not triton-cache.tgz) into results/gpu/<date>/"; fi
   save_triton
-  plan report --campaign "$CAMPAIGN" --work "$WORK" --out "$OUT" || exit 2
+  plan report --campaign "$CAMPAIGN" --work "$WORK" --out "$OUT" --failed "$failed" || exit 2
   [ -z "$failed" ] || exit 1 ;;
 start) start_runs ;;
 wait) wait_runs; pack_runs ;;
