@@ -254,8 +254,10 @@ def measure(models: dict, lengths: list[int], batch_sizes: list[int], decode_tok
                         peak[name] = (memory.bytes, cache_bytes)
                     else:
                         runs[name].append(run_once(models[name], ids, decode_tokens))
-                    spent[name] += time.perf_counter() - start
-            for name in names:
+                        spent[name] += time.perf_counter() - start
+            for name in names:  # a cell's time from its timed runs: a warm-up may hold one-off compiles (Triton,
+                # torch.compile), which made a 1k-token H100 cell predict 688 s at 4k and skip every longer one
+                spent[name] *= (repeats + 1) / repeats
                 cells[name].append((length, spent[name]))
                 memory_bytes, cache_bytes = peak[name]
                 decode_ms = 1e3 * statistics.median(r[1] for r in runs[name])

@@ -217,3 +217,22 @@ def test_int8_student_stays_close_and_generates():
         full = model(out.sequences[:, :-1], use_cache=False).logits[:, ids.shape[1] - 1:]
     assert out.sequences.shape == (1, 16)
     torch.testing.assert_close(torch.stack(out.logits, 1), full, atol=0.1 * full.abs().max().item(), rtol=0)
+
+
+def test_a_slow_warm_up_does_not_skip_longer_lengths(tiny_pair, monkeypatch):
+    """The skip rule predicts from the timed runs: a warm-up holding a one-off compile (0.5 s here, Triton and
+    torch.compile on the H100 of 2026-12-06, where a 1k cell then predicted 688 s at 4k) must not skip the rest."""
+    import time
+
+    teacher, student, _ = tiny_pair
+    base = speed.PeakMemory
+
+    class SlowWarmUp(base):
+        def __enter__(self):
+            time.sleep(0.5)
+            return super().__enter__()
+
+    monkeypatch.setattr(speed, "PeakMemory", SlowWarmUp)
+    results = speed.run_speed({"teacher": teacher, "student": student}, "8,16", "1", decode_tokens=1, repeats=1,
+                              threads=1, max_seconds_per_cell=0.4, progress=lambda line: None)
+    assert results["skipped"] == [] and {r["length"] for r in results["rows"]} == {8, 16}
