@@ -166,7 +166,6 @@ def _pad_id(tokenizer) -> int:
     return pad if pad is not None else 0
 
 
-@torch.inference_mode()
 def token_stream(tokenizer, texts: list[str], max_tokens: int) -> list[int]:
     """The first `max_tokens` + 1 token ids of `texts`, documents joined by EOS (`max_tokens` predicted tokens)."""
     stream: list[int] = []
@@ -178,6 +177,7 @@ def token_stream(tokenizer, texts: list[str], max_tokens: int) -> list[int]:
     return stream[:max_tokens + 1]
 
 
+@torch.inference_mode()
 def heldout_metrics(model, tokenizer, texts: list[str], max_tokens: int = 16384, teacher=None,
                     block_size: int = 1024, batch_size: int = 4, token_chunk: int = 2048) -> dict:
     """Perplexity over the first `max_tokens` predicted tokens of `texts` (documents joined by EOS, cut

@@ -311,6 +311,15 @@ def run_speed(models: dict, lengths, batch_sizes, decode_tokens: int = 32, repea
 
 # --- what it writes and shows --------------------------------------------------------------------------------------
 
+def log_log_axes(ax, label: str) -> None:
+    """A figure against context length: both axes logarithmic (context by powers of two), a grid."""
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("context (tokens)")
+    ax.set_ylabel(label)
+    ax.grid(True, which="both", alpha=0.3)
+
+
 def save_speed(results: dict, out_dir) -> tuple[Path, Path]:
     """Writes speed.json and speed.png (log-log against context: prefill seconds, decode ms/token with each model's
     roofline dotted, peak memory; one line per model and batch size)."""
@@ -338,11 +347,7 @@ def save_speed(results: dict, out_dir) -> tuple[Path, Path]:
                 axes[1].plot(x, [r["roofline_ms_per_token"] for r in rows], color=f"C{i}", linestyle=":",
                              linewidth=1, label=f"{name} roofline")
     for ax, (_, label) in zip(axes, panels):
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("context (tokens)")
-        ax.set_ylabel(label)
-        ax.grid(True, which="both", alpha=0.3)
+        log_log_axes(ax, label)
     axes[1].legend(fontsize=7)
     fig.suptitle(f"speed on {results['device_name']} ({results['device']}, {results['threads']} threads); memory "
                  f"bandwidth {results['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s", fontsize=10)

@@ -378,16 +378,21 @@ def test_model_logits_and_gradients_equal_previous_forms(mixer, attn_layers, ove
         torch.testing.assert_close(grads[name], grads_ref[name], **TOL, msg=name)
 
 
+def left_padded(seed, length, pad):
+    """Two rows of token ids, the second left-padded by `pad` (ids 0 there), and their attention mask."""
+    torch.manual_seed(seed)
+    ids = torch.randint(1, VOCAB, (2, length))
+    mask = torch.ones_like(ids)
+    mask[1, :pad] = 0
+    return ids * mask, mask
+
+
 @pytest.mark.parametrize("mixer, attn_layers, overrides", MODEL_CASES)
 def test_model_cached_decoding_equals_full_forward(mixer, attn_layers, overrides, previous_forms):
     """Left-padded prompts: cached prefill, single tokens, a 4-token block (the window's ring read in order from where
     the steps left it), single tokens again == one uncached forward == the uncached forward with the frozen forms."""
     model = tiny_model(mixer, attn_layers, overrides)
-    torch.manual_seed(2)
-    ids = torch.randint(1, VOCAB, (2, 24))
-    mask = torch.ones_like(ids)
-    mask[1, :6] = 0
-    ids = ids * mask
+    ids, mask = left_padded(seed=2, length=24, pad=6)
     with torch.no_grad():
         full = model(ids, attention_mask=mask, use_cache=False).logits
         out = model(ids[:, :10], attention_mask=mask[:, :10], use_cache=True)
@@ -419,11 +424,7 @@ def test_prefill_in_pieces_equals_one_forward(mixer, attn_layers, overrides):
     """A prompt longer than `prefill_piece_size` is prefilled in pieces (left padding, a hybrid's softmax layers, the
     window's ring, the sparse cache): the kept logits, the cache and what decodes after it equal one forward's."""
     model = tiny_model(mixer, attn_layers, overrides)
-    torch.manual_seed(3)
-    ids = torch.randint(1, VOCAB, (2, 23))
-    mask = torch.ones_like(ids)
-    mask[1, :7] = 0
-    ids = ids * mask
+    ids, mask = left_padded(seed=3, length=23, pad=7)
     runs = {}
     with torch.no_grad():
         for piece in (0, 5):

@@ -159,6 +159,17 @@ def test_heldout_perplexity_and_kl():
         quality.heldout_metrics(student, tok, FILLER, 100, teacher=UniformLM(len(tok) + 7))
 
 
+def test_heldout_metrics_build_no_autograd_graph():
+    """The held-out forwards run without gradients: with them (the decorator sat on token_stream), 4,096 tokens of
+    the main job's student and its teacher held 24 GB and were killed on a 24 GB machine."""
+    tok = bpe_tokenizer(FILLER)
+    student = tiny_llama(tok)
+    seen = []
+    student.register_forward_hook(lambda module, args, out: seen.append(out.logits.requires_grad))
+    quality.heldout_metrics(student, tok, FILLER, 200, teacher=student, block_size=64)
+    assert seen and not any(seen)
+
+
 def test_recovery_uses_acc_norm_where_defined_and_schema(tmp_path):
     tok = word_tokenizer("Question : Q Answer : a elephant Sarah so B C won .")
     # the teacher: "a" likelier than "elephant" (acc picks it), "elephant" likelier per character (acc_norm picks it)

@@ -1,5 +1,6 @@
-"""The banded window of modeling/memory.py (no sparse cache: blocks of queries score only their C + W keys, GQA
-without repeated keys) against a frozen copy of the full [T, W + T] form it replaced (`reference_memory_forward`):
+"""The banded window of modeling/memory.py (blocks of queries score only their C + W keys, GQA without repeated keys;
+with a sparse cache each block also ranks the kept entries with its own candidates) against a frozen copy of the full
+[T, W + T] form (with its [T, T] ranking) it replaced (`reference_memory_forward`):
 outputs, `parts`, `replace_values`, gradients, and cached decoding, over mixers, window sizes, lengths that are not a
 multiple of the block, T < W, left padding and GQA. Block sizes are patched small so that tiny inputs span blocks."""
 
@@ -141,7 +142,12 @@ CASES = [
     pytest.param("gated_deltanet", {"window_size": 6, "num_key_value_heads": 4}, 30, (0, 0), id="gdn-W6-T30-mha"),
     pytest.param("linear_attn", {"window_size": 3, "num_key_value_heads": 1}, 23, (7, 0), id="linear_attn-W3-T23-gqa4"),
     pytest.param("gla", {"window_size": 16}, 40, (0, 9), id="gla-W16-T40-pad"),
-    pytest.param("kda", {"window_size": 3, "sparse_cache_size": 2}, 17, (0, 4), id="kda-W3-G2-T17-sparse-unchanged"),
+    # the sparse cache, ranked block by block (`_sparse_window`, the same block sizes): no [T, T] ranking
+    pytest.param("kda", {"window_size": 3, "sparse_cache_size": 2}, 17, (0, 4), id="kda-W3-G2-T17-sparse"),
+    pytest.param("gated_deltanet", {"window_size": 3, "sparse_cache_size": 2}, 19, (0, 5), id="gdn-W3-G2-T19-sparse"),
+    pytest.param("gla", {"window_size": 2, "sparse_cache_size": 4, "num_key_value_heads": 1}, 23, (6, 0),
+                 id="gla-W2-G4-T23-gqa4-sparse"),
+    pytest.param("linear_attn", {"window_size": 8, "sparse_cache_size": 3}, 6, (0, 2), id="linear_attn-W8-G3-T6-sparse"),
 ]
 CHUNKS = [1, 3, 5, 64]  # queries per block: below W, above it, not dividing T, one block
 
@@ -160,7 +166,9 @@ def _layer_and_inputs(mixer, overrides, T, pads):
 
 @pytest.fixture(params=CHUNKS, ids=[f"C{c}" for c in CHUNKS])
 def chunk(request, monkeypatch):
+    """Queries per block, of the window (`_banded_window`) and of the sparse cache's ranking (`_sparse_window`)."""
     monkeypatch.setattr(memory, "_chunk_size", lambda W: request.param)
+    monkeypatch.setattr(memory, "_sparse_block_size", lambda W: request.param)
     return request.param
 
 
