@@ -226,7 +226,11 @@ def quantize_int8(model):
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*deprecated", category=UserWarning)
         warnings.filterwarnings("ignore", message=".*torch.ao.quantization.*deprecated", category=DeprecationWarning)
-        return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
+        model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
+    # A tied head is now an int8 copy of the embedding: re-tying it (lm-eval's HFLM calls tie_weights()) would set the
+    # float embedding on a module whose `weight` is a method ("attribute 'weight' already exists").
+    model.tie_weights = lambda *args, **kwargs: None
+    return model
 
 
 def load_for_eval(spec: str, device: str, dtype: str, teacher: bool = False, trust_remote_code: bool = False,

@@ -93,7 +93,7 @@ def overview_plot(runs, out: Path):
             if name == "32k":  # joins the batch-1 line
                 base = runs["batch1"] and [r for r in runs["batch1"]["rows"] if r["model"] == model and r["batch"] == 1]
                 rows = sorted((base or []) + rows, key=lambda r: r["length"])
-            label = Path(model).name + (" int8" if name == "int8" else "")
+            label = ("teacher" if model == run["teacher"] else Path(model).name) + (" int8" if name == "int8" else "")
             for ax, key in zip(axes[:2], ("prefill_s", "decode_ms_per_token")):
                 ax.plot([r["length"] for r in rows], [r[key] for r in rows], color=f"C{i}", linestyle=style, marker="o",
                         markersize=3, label=label if name != "32k" else None)

@@ -236,3 +236,18 @@ def test_a_slow_warm_up_does_not_skip_longer_lengths(tiny_pair, monkeypatch):
     results = speed.run_speed({"teacher": teacher, "student": student}, "8,16", "1", decode_tokens=1, repeats=1,
                               threads=1, max_seconds_per_cell=0.4, progress=lambda line: None)
     assert results["skipped"] == [] and {r["length"] for r in results["rows"]} == {8, 16}
+
+
+def test_int8_teacher_with_tied_head_survives_lm_evals_tie_weights(tiny_teacher_dir):
+    """lm-eval's HFLM calls tie_weights() on the model it is given: a quantized head tied to the embedding must stay
+    (the main job's student failed `eval quality --quantize int8` with "attribute 'weight' already exists")."""
+    from transformers import AutoModelForCausalLM
+
+    from linzoo.evals.common import quantize_int8
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_teacher_dir).eval()
+    assert model.config.tie_word_embeddings
+    quantize_int8(model)
+    model.tie_weights()
+    with torch.no_grad():
+        assert model(torch.tensor([[1, 2, 3]])).logits.isfinite().all()
