@@ -225,10 +225,13 @@ def test_banded_replace_values_equals_reference(mixer, overrides, T, pads, chunk
     pytest.param("gated_deltanet", {"window_size": 4}, id="gdn-W4"),
     pytest.param("gla", {"window_size": 2, "num_key_value_heads": 1}, id="gla-W2-gqa4"),
     pytest.param("linear_attn", {"window_size": 7}, id="linear_attn-W7"),
+    pytest.param("gated_deltanet", {"window_size": 3, "sparse_cache_size": 2}, id="gdn-W3-G2-sparse"),
+    pytest.param("gla", {"window_size": 2, "sparse_cache_size": 4, "num_key_value_heads": 1}, id="gla-W2-G4-gqa4-sparse"),
 ])
 def test_banded_cached_decoding_equals_full_forward(mixer, overrides, chunk, monkeypatch):
     """Left-padded prompts, cached prefill, a block, then single tokens == one uncached forward (the banded form) ==
-    the reference's uncached forward."""
+    the reference's uncached forward; with a sparse cache, the entries kept after the prefill are the reference's
+    (the valid ones, in order)."""
     model = tiny_model(mixer, **overrides)
     torch.manual_seed(2)
     ids = torch.randint(1, VOCAB, (2, 22))
@@ -237,7 +240,10 @@ def test_banded_cached_decoding_equals_full_forward(mixer, overrides, chunk, mon
     ids = ids * mask
     with torch.no_grad():
         full = model(ids, attention_mask=mask, use_cache=False).logits
-        out = model(ids[:, :9], attention_mask=mask[:, :9], use_cache=True)
+        prefill = lambda: model(ids[:, :9], attention_mask=mask[:, :9], use_cache=True)  # noqa: E731
+        out = prefill()
+        entries = _state(cache_of(out), 0, SPARSE)
+        entries = None if entries is None else entries.clone()  # the steps below update the cache in place
         pieces = [out.logits]
         out = model(ids[:, 9:14], attention_mask=mask[:, :14], cache=cache_of(out), use_cache=True)
         pieces.append(out.logits)
@@ -247,6 +253,11 @@ def test_banded_cached_decoding_equals_full_forward(mixer, overrides, chunk, mon
             pieces.append(out.logits)
         monkeypatch.setattr(mixer_base, "memory_forward", reference_memory_forward)
         want = model(ids, attention_mask=mask, use_cache=False).logits
+        if entries is not None:
+            want_entries = _state(cache_of(prefill()), 0, SPARSE)
+            kept = entries[..., -1].bool()  # [B, G, H]
+            assert torch.equal(kept, want_entries[..., -1].bool())
+            torch.testing.assert_close(entries[kept], want_entries[kept], **TOL)
     real = mask.bool()
     torch.testing.assert_close(full[real], want[real], **TOL)
     torch.testing.assert_close(torch.cat(pieces, 1)[real], full[real], **TOL)
