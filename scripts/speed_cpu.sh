@@ -25,7 +25,8 @@ run int8 --models $T --lengths 512,4096,16384 --batch_sizes 1 --quantize int8 --
 if [ -f runs/main/config.json ] && [ ! -f "$D/quality-int8/quality.json" ]; then
   EVAL_DATA=${EVAL_DATA:-../shared/data/eval}
   for q in none int8; do
-    linzoo eval quality --model runs/main --teacher embedded --data_dir "$EVAL_DATA" --limit 50 --heldout_tokens 4096 \
+    linzoo eval quality --model runs/main --teacher embedded --data_dir "$EVAL_DATA" --tasks lambada_openai,piqa \
+      --limit 30 --heldout_tokens 4096 \
       --quantize $q --out "$D/quality-$([ $q = none ] && echo fp32 || echo int8)"
   done
 fi

@@ -129,8 +129,8 @@ def quality_lines(folder: Path):
     if not out:
         return []
     return ["## What int8 costs the main job's student", "",
-            "`linzoo eval quality --model runs/main --teacher embedded --limit 50 --heldout_tokens 4096 --quantize "
-            "{none,int8}` (the teacher in float32 both times):", "",
+            "`linzoo eval quality --model runs/main --teacher embedded --tasks lambada_openai,piqa --limit 30 "
+            "--heldout_tokens 4096 --quantize {none,int8}` (the teacher in float32 both times):", "",
             "| student | held-out perplexity | teacher's | KL to the teacher | recovery above chance |",
             "|---|---|---|---|---|", *out, ""]
 
