@@ -1003,6 +1003,22 @@ def test_graphed_decoder_steps_equal_generate(mixer):
     assert torch.equal(decoder.generate(12), reference)
 
 
+@pytest.mark.parametrize("overrides", [{"window_size": 4}, {"window_size": 3, "sparse_cache_size": 2}],
+                         ids=["window4", "window3-sparse2"])
+def test_graphed_decoder_steps_equal_generate_with_a_window(overrides):
+    """The static-buffer step of a windowed student (its ring attended by `memory._window_step`; with a sparse cache,
+    the blocked ranking) gives generate()'s greedy tokens, twice in a row."""
+    from linzoo.modeling.graph_decoding import GraphedDecoder
+
+    model = tiny_model("gated_deltanet", initializer_range=0.5, **overrides)
+    prompt = torch.randint(1, VOCAB, (1, 9))
+    with torch.no_grad():
+        reference = model.generate(prompt, max_new_tokens=12, min_new_tokens=12, do_sample=False)[:, 9:]
+    assert len(reference.unique()) > 2
+    decoder = GraphedDecoder(model, prompt, graph=False)
+    assert torch.equal(decoder.generate(12), reference) and torch.equal(decoder.generate(12), reference)
+
+
 def test_graphed_decoder_refuses_cpu_graphs_and_hybrids():
     from linzoo.modeling.graph_decoding import GraphedDecoder
 
