@@ -403,16 +403,16 @@ class LinzooForCausalLM(LinzooPreTrainedModel, GenerationMixin):
         """The model over the prompt piece by piece, each continuing the cache (the continuation a decoding step also
         is): the same states, and the activations of one piece at a time. Keeps the last hidden states that
         `logits_to_keep` asks for (all when 0)."""
-        piece, kw = self.config.prefill_piece_size, dict(model_kwargs)
+        piece, kw = self.config.prefill_piece_size, model_kwargs
         tokens = kw["input_ids"] if kw["input_ids"] is not None else kw["inputs_embeds"]
         T = tokens.shape[1]
         tail = logits_to_keep if isinstance(logits_to_keep, int) and logits_to_keep > 0 else T
         kept, cache, mask = [], kw["cache"], kw["attention_mask"]
+        past = mask.shape[1] - T if mask is not None else 0  # the mask covers what is cached, then the prompt
         for start in range(0, T, piece):
             end = min(start + piece, T)
             part = {name: (None if kw[name] is None else kw[name][:, start:end])
                     for name in ("input_ids", "inputs_embeds", "position_ids")}
-            past = mask.shape[1] - T if mask is not None else 0  # the mask covers what is cached, then the prompt
             outputs = self.model(**part, attention_mask=None if mask is None else mask[:, : past + end], cache=cache,
                                  use_cache=True, output_hidden_states=False)
             cache = getattr(outputs, _CACHE_FIELD)
