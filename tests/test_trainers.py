@@ -56,6 +56,17 @@ def test_kd_loss_known_values():
     assert torch.isfinite(h.grad).all() and h.grad.abs().sum() > 0
 
 
+def test_kd_loss_of_a_batch_without_labels_is_a_zero_that_backward_takes():
+    """Chats whose completions truncation cut off leave a batch with no label; its loss is 0 and backward runs
+    (it used to raise "element 0 of tensors does not require grad" on the hybrid's instruct distillation)."""
+    head = torch.nn.Linear(6, 11, bias=False)
+    h = torch.randn(1, 5, 6, requires_grad=True)
+    loss, ce, kl = KnowledgeDistillationTrainer.kd_loss(h, h.detach(), head, head, torch.full((1, 5), -100))
+    assert loss.item() == ce.item() == kl.item() == 0.0
+    loss.backward()
+    assert h.grad is not None and h.grad.abs().sum() == 0
+
+
 # --- configs and recipes --------------------------------------------------------------------
 
 @pytest.mark.parametrize("recipe", sorted(str(p.relative_to(RECIPES)) for p in RECIPES.glob("*/linearize.yaml")))

@@ -251,6 +251,33 @@ def test_sft_reports_dropped_chats_and_reads_only_what_its_budget_needs(tmp_path
     assert len(chat_splits(str(chats), tokenizer, SimpleNamespace(total_tokens=10**6, max_seq_length=64, seed=0))) > 20
 
 
+def test_whole_chats_keeps_only_chats_that_fit_the_row(tiny_teacher_dir, tmp_path, capsys):
+    """A chat longer than --max_seq_length would lose its answer's end (or all of it) to the cut: by default only
+    chats that fit whole train, and the line says how many were left out; none fitting is a one-line error."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from linzoo.trainers.common import chat_splits
+
+    chats = tmp_path / "chats.jsonl"
+    with open(chats, "w") as f:
+        for i in range(40):
+            answer = f"Answer {i}." + (" and so on" * 60 if i % 4 == 0 else "")
+            f.write(json.dumps({"messages": [{"role": "user", "content": f"Question {i}?"},
+                                             {"role": "assistant", "content": answer}]}) + "\n")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_teacher_dir)
+    cfg = SimpleNamespace(total_tokens=10**6, max_seq_length=128, seed=0, whole_chats=True)
+    train = chat_splits(str(chats), tokenizer, cfg)
+    out = capsys.readouterr().out
+    assert all("so on" not in row["completion"][0]["content"] for row in train)
+    assert len(train) > 10 and "longer than --max_seq_length 128 left out" in out and "rows repeat" in out
+    kept = chat_splits(str(chats), tokenizer, SimpleNamespace(**{**vars(cfg), "whole_chats": False}))
+    assert any("so on" in row["completion"][0]["content"] for row in kept)
+    with pytest.raises(ValueError, match="no chat of .* fits --max_seq_length 8 whole"):
+        chat_splits(str(chats), tokenizer, SimpleNamespace(**{**vars(cfg), "max_seq_length": 8}))
+
+
 @pytest.mark.parametrize("recipe", ["135m/linearize.yaml", "360m/linearize.yaml", "1.7b/linearize.yaml", "sft.yaml",
                                     "distill_instruct.yaml"])
 def test_every_recipe_parses_with_its_command(recipe, tmp_path):

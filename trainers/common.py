@@ -89,6 +89,9 @@ class ChatRunArguments(RunArguments):
     total_tokens: int = field(default=5_000_000, metadata={"help": "Token budget (sets max_steps)."})
     packing: bool = field(default=True, metadata={"help": "Pack chats into rows (padding-free)."})
     packing_strategy: str = field(default="bfd", metadata={"help": "TRL packing strategy."})
+    whole_chats: bool = field(default=True, metadata={
+        "help": "Train only on chats that fit --max_seq_length whole: a longer one is cut, and its completion loses "
+                "its end and its end-of-turn token (or all of it), so the student never sees an answer stop."})
     report_to: list[str] | str | None = field(default="none", metadata={"help": "Trackers (e.g. wandb) or 'none'."})
     logging_steps: float = field(default=10, metadata={"help": "Log every N steps."})
     save_steps: float = field(default=200, metadata={"help": "Checkpoint every N steps."})
@@ -406,25 +409,37 @@ def check_same_vocab(student, teacher):
 def chat_splits(spec, tokenizer=None, cfg=None):
     """The training chats of `spec` as TRL prompt/completion pairs. With the run's `tokenizer` and config: only as many
     chats (in a fixed shuffle, --seed) as --total_tokens needs, with a 10 % margin, so that TRL tokenizes those
-    alone (a 640-token run tokenized a whole 20k-chat file)."""
+    alone (a 640-token run tokenized a whole 20k-chat file); with `whole_chats` (the default) only chats whose
+    template fits --max_seq_length. The embedded chats are long (median answer ~340 tokens; 6 % fit 256 tokens): cut
+    to 256-token rows, most rows held a prompt alone, no label, and no answer ever ended."""
     from ..data import load_chat_dataset
 
     train = load_chat_dataset(spec, split="train")
     if tokenizer is not None and cfg is not None:
-        need, seen, count = cfg.total_tokens * 1.1, 0, 0
+        whole = getattr(cfg, "whole_chats", False)
+        need, seen, picked, looked = cfg.total_tokens * 1.1, 0, [], 0
         order = train.shuffle(seed=cfg.seed)
         for batch in order.iter(batch_size=256):
             texts = [tokenizer.apply_chat_template(m, tokenize=False) for m in batch["messages"]]
             for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]:
-                count, seen = count + 1, seen + min(len(ids), cfg.max_seq_length)
+                looked += 1
+                if whole and len(ids) > cfg.max_seq_length:
+                    continue
+                picked.append(looked - 1)
+                seen += min(len(ids), cfg.max_seq_length)
                 if seen >= need:
                     break
             if seen >= need:
                 break
-        if count < len(train):
-            print(f"linzoo: {count:,} of {len(train):,} chats cover --total_tokens {cfg.total_tokens:,}: training on "
-                  "those")
-            train = order.select(range(count))
+        if whole and not picked:
+            raise ValueError(f"no chat of {spec} fits --max_seq_length {cfg.max_seq_length} whole: raise it, or pass "
+                             "--whole_chats false to train on cut chats")
+        if len(picked) < len(train):
+            fit = f" ({looked - len(picked):,} longer than --max_seq_length {cfg.max_seq_length} left out)" if whole else ""
+            short = "" if seen >= need else f"; they hold only {seen:,} tokens, so rows repeat"
+            print(f"linzoo: {len(picked):,} of {len(train):,} chats cover --total_tokens {cfg.total_tokens:,}{fit}: "
+                  f"training on those{short}")
+            train = order.select(picked)
     return train.map(to_prompt_completion, remove_columns=["messages"])
 
 
