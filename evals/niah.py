@@ -334,6 +334,28 @@ def answer_one(model, tokenizer, sample: NiahSample, max_new_tokens: int | None 
     return text, is_hit(sample.answer, text), time.perf_counter() - start
 
 
+@torch.inference_mode()
+def _key_logprobs(model, tokenizer, samples: list[NiahSample]) -> list[float]:
+    """log p(answer | prompt) of each sample, teacher-forced (nats, summed over the answer's tokens): how close a
+    model that misses the key came to it. The answer follows the prompt's answer prefix after one space, as in the
+    needle; its tokens (the space's included) are those that end past the prompt (offsets of prompt + answer,
+    encoded together)."""
+    _prepare_tokenizer(tokenizer)
+    texts = [f"{s.prompt}{'' if s.prompt.endswith((' ', chr(10))) else ' '}{s.answer}" for s in samples]
+    batch = tokenizer(texts, return_tensors="pt", padding=True, return_offsets_mapping=True,
+                      **_encode_kwargs(samples[0].prompt_format))
+    offsets = batch.pop("offset_mapping")
+    batch = batch.to(model_device(model))
+    positions = (batch["attention_mask"].cumsum(-1) - 1).clamp_min(0)  # left padding: each row counts from 0
+    logits = model(**batch, position_ids=positions, use_cache=False).logits.float()
+    logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, batch["input_ids"][:, 1:, None])[..., 0].cpu()
+    out = []
+    for row, (text, s) in enumerate(zip(texts, samples)):
+        answer = (offsets[row, 1:, 1] > len(s.prompt)) & batch["attention_mask"][row, 1:].bool().cpu()
+        out.append(float(logp[row][answer].sum()))
+    return out
+
+
 def summarize(hits: dict[tuple[int, float], list[bool]], lengths: list[int], depths: list[float]) -> dict:
     """Accuracy of every cell with its binomial standard error sqrt(p (1 - p) / n); the mean over depths of each
     length and the mean over all cells, each with the standard error of a mean of independent cells,
@@ -353,6 +375,22 @@ def summarize(hits: dict[tuple[int, float], list[bool]], lengths: list[int], dep
         "overall": sum(cells) / len(cells),
         "overall_se": mean_se([s for row in se.values() for s in row.values()]),
     }
+
+
+def summarize_logprobs(logprobs: dict[int, list[float]]) -> dict:
+    """The key's teacher-forced log-probability (nats), mean and standard error of the mean by length and over
+    all samples; absent for a model that gives no logits (a stand-in)."""
+    def mean_se(xs):
+        m = sum(xs) / len(xs)
+        return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs)) if len(xs) > 1 else 0.0
+
+    every = [x for xs in logprobs.values() for x in xs]
+    if not every or any(math.isnan(x) for x in every):
+        return {}
+    by_length = {str(n): mean_se(xs) for n, xs in logprobs.items()}
+    return {"key_logprob_by_length": {n: m for n, (m, _) in by_length.items()},
+            "key_logprob_by_length_se": {n: se for n, (_, se) in by_length.items()},
+            "key_logprob": mean_se(every)[0], "key_logprob_se": mean_se(every)[1]}
 
 
 def run_niah(model, tokenizer, lengths, depths, variant: str = "passkey", samples_per_cell: int = 10,
@@ -379,15 +417,19 @@ def run_niah(model, tokenizer, lengths, depths, variant: str = "passkey", sample
     samples = [build_haystack(tokenizer, texts, length, depth, variant, sample_seed(seed, length, depth, i))
                for length in lengths for depth in depths for i in range(samples_per_cell)]
     hits: dict[tuple[int, float], list[bool]] = {}
+    logprobs: dict[int, list[float]] = {}
     examples = []  # the first sample of every cell: what was asked for and what came out
     for start in tqdm(range(0, len(samples), batch_size), desc=f"niah {variant}", unit="batch"):
         chunk = samples[start:start + batch_size]
-        for sample, text in zip(chunk, _generate(model, tokenizer, chunk, max_new_tokens)):
+        scored = _key_logprobs(model, tokenizer, chunk) if hasattr(model, "config") else [math.nan] * len(chunk)
+        for sample, text, lp in zip(chunk, _generate(model, tokenizer, chunk, max_new_tokens), scored):
             cell = hits.setdefault((sample.context_len, sample.depth), [])
             if not cell:
                 examples.append({"length": sample.context_len, "depth": sample.depth, "answer": sample.answer,
-                                 "generated": text, "hit": is_hit(sample.answer, text)})
+                                 "generated": text, "hit": is_hit(sample.answer, text)}
+                                | ({} if math.isnan(lp) else {"key_logprob": lp}))
             cell.append(is_hit(sample.answer, text))
+            logprobs.setdefault(sample.context_len, []).append(lp)
     return {
         "schema": SCHEMA,
         "model": model_name or name_of(model),
@@ -399,6 +441,7 @@ def run_niah(model, tokenizer, lengths, depths, variant: str = "passkey", sample
         "depths": depths,
         "samples_per_cell": samples_per_cell,
         **summarize(hits, lengths, depths),
+        **summarize_logprobs(logprobs),
         "seed": seed,
         "examples": examples,
     }

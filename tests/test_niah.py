@@ -16,6 +16,7 @@ from linzoo.spaces.niah import niah_space as space
 NIAH_KEYS = {"schema", "model", "variant", "needle", "prompt_format", "filler", "lengths", "depths",
              "samples_per_cell", "accuracy", "accuracy_se", "mean_by_length", "mean_by_length_se", "overall",
              "overall_se", "seed", "examples"}
+KEY_LOGPROB = {"key_logprob", "key_logprob_se", "key_logprob_by_length", "key_logprob_by_length_se"}
 UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
 NOISE_SENTENCES = re.split(r"(?<=\.) ", niah.NOISE)
 
@@ -187,13 +188,40 @@ def test_run_niah_tiny_llama_and_save(tmp_path):
     results = niah.run_niah(tiny_llama(tok), tok, "128,256", [0.0, 0.5, 1.0], "chat", samples_per_cell=2,
                             batch_size=4, seed=7, max_new_tokens=4, model_name="tiny")
     assert tok.padding_side == "left" and tok.pad_token == "<eos>"
-    assert set(results) == NIAH_KEYS and results["schema"] == "linzoo.niah/v1" and results["model"] == "tiny"
+    assert set(results) == NIAH_KEYS | KEY_LOGPROB and results["schema"] == "linzoo.niah/v1" and results["model"] == "tiny"
     assert results["lengths"] == [128, 256] and results["depths"] == [0.0, 0.5, 1.0]
     assert set(results["accuracy"]) == {"128", "256"} and set(results["accuracy"]["128"]) == {"0", "0.5", "1"}
     assert (results["variant"], results["needle"], results["prompt_format"]) == ("chat", "passkey", "chat")
     json_path, png_path = niah.save_niah(results, tmp_path)
     assert json.loads(json_path.read_text()) == results
     assert png_path.name == "niah_heatmap.png" and png_path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_key_logprob_is_the_answers_teacher_forced_log_probability(tiny_teacher_dir):
+    """Batched with left padding, the key's log-probability equals one unpadded forward's over exactly the answer's
+    tokens (prompt encoded alone, then prompt + answer); the summary carries its mean and standard error."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_teacher_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_teacher_dir).eval()
+    samples = [niah.build_haystack(tok, None, length, 0.5, variant, seed)
+               for length, variant, seed in ((96, "passkey", 1), (160, "passkey", 2), (128, "chat", 3))]
+    for fmt in ("raw", "chat"):
+        group = [s for s in samples if s.prompt_format == fmt]
+        got = niah._key_logprobs(model, tok, group)
+        for s, lp in zip(group, got):
+            enc = niah._encode_kwargs(fmt)
+            prompt = tok(s.prompt, **enc)["input_ids"]
+            full = tok(f"{s.prompt} {s.answer}", **enc)["input_ids"]
+            assert full[:len(prompt)] == prompt and tok.decode(full[len(prompt):]).strip() == s.answer
+            with torch.no_grad():
+                logp = torch.log_softmax(model(torch.tensor([full])).logits[0, :-1].float(), -1)
+            want = sum(float(logp[i - 1, full[i]]) for i in range(len(prompt), len(full)))
+            assert lp == pytest.approx(want, abs=1e-3) and lp < 0
+    summary = niah.summarize_logprobs({96: [-1.0, -3.0], 160: [-2.0]})
+    assert summary["key_logprob"] == pytest.approx(-2.0) and summary["key_logprob_by_length"] == {"96": -2.0, "160": -2.0}
+    assert summary["key_logprob_by_length_se"]["96"] == pytest.approx(1.0) and summary["key_logprob_by_length_se"]["160"] == 0
+    assert niah.summarize_logprobs({96: [math.nan]}) == {}
 
 
 # ---------------------------------------------------------------------------------------------- bounds
