@@ -177,17 +177,46 @@ def token_stream(tokenizer, texts: list[str], max_tokens: int) -> list[int]:
     return stream[:max_tokens + 1]
 
 
+def chat_rows(tokenizer, chats: list[list[dict]], max_tokens: int, block: int) -> list[tuple[list[int], list[bool]]]:
+    """Held-out chats as rows to score: each chat through the chat template, cut to `block` + 1 tokens, with only its
+    last assistant turn's tokens (the end-of-turn included) scored, until `max_tokens` are scored. The turn's tokens
+    are those after the prompt as `add_generation_prompt` renders it (the template's system prompt included)."""
+    rows, count = [], 0
+    for messages in chats:
+        last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
+        if last is None:
+            continue
+        prompt = tokenizer.apply_chat_template(messages[:last], add_generation_prompt=True, tokenize=False)
+        full = tokenizer.apply_chat_template(messages[:last + 1], tokenize=False)
+        if not full.startswith(prompt):
+            raise ValueError("the chat template renders a prompt that is not the start of the whole chat: assistant "
+                             "tokens cannot be told apart")
+        n = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        ids = tokenizer(full, add_special_tokens=False)["input_ids"][:block + 1]
+        scored = [i + 1 >= n for i in range(len(ids) - 1)]  # target i + 1 is scored when it is the answer's
+        if any(scored):
+            rows.append((ids, scored))
+            count += sum(scored)
+        if count >= max_tokens:
+            break
+    return rows
+
+
 @torch.inference_mode()
 def heldout_metrics(model, tokenizer, texts: list[str], max_tokens: int = 16384, teacher=None,
-                    block_size: int = 1024, batch_size: int = 4, token_chunk: int = 2048) -> dict:
+                    block_size: int = 1024, batch_size: int = 4, token_chunk: int = 2048, chats=None) -> dict:
     """Perplexity over the first `max_tokens` predicted tokens of `texts` (documents joined by EOS, cut
     into blocks), and with a teacher its perplexity and the mean per-token KL(teacher || student) on
-    the same token ids (the student's tokenizer serves both, so the vocabularies must match). Memory: each
+    the same token ids (the student's tokenizer serves both, so the vocabularies must match). With `chats` (lists of
+    messages) instead of texts: the same on their last assistant turns only (`chat_rows`). Memory: each
     model's logits for `batch_size` blocks (batch x block x vocab, in the model's dtype), then fp32 log-probs
     `token_chunk` tokens at a time (~4 x token_chunk x vocab floats)."""
-    stream = token_stream(tokenizer, texts, max_tokens)
     block = min(block_size, max_length(model, tokenizer))
-    blocks = [stream[i:i + block + 1] for i in range(0, len(stream) - 1, block)]
+    if chats is not None:
+        rows = chat_rows(tokenizer, chats, max_tokens, block)
+    else:
+        stream = token_stream(tokenizer, texts, max_tokens)
+        rows = [(b, [True] * (len(b) - 1)) for b in (stream[i:i + block + 1] for i in range(0, len(stream) - 1, block))]
     if teacher is not None:  # probe with token 0, which every vocabulary has, before feeding real ids
         probe = [lm(input_ids=torch.zeros((1, 1), dtype=torch.long, device=model_device(lm))).logits.shape[-1]
                  for lm in (model, teacher)]
@@ -196,12 +225,12 @@ def heldout_metrics(model, tokenizer, texts: list[str], max_tokens: int = 16384,
                              f"the teacher {probe[1]}")
     nll = {"student": 0.0, "teacher": 0.0}
     kl, count, device = 0.0, 0, model_device(model)
-    for start in range(0, len(blocks), batch_size):
-        chunk = blocks[start:start + batch_size]
-        width = max(len(b) for b in chunk)
-        ids = torch.tensor([b + [_pad_id(tokenizer)] * (width - len(b)) for b in chunk])
-        mask = torch.tensor([[1] * len(b) + [0] * (width - len(b)) for b in chunk])
-        valid = mask[:, 1:].bool()
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start:start + batch_size]
+        width = max(len(b) for b, _ in chunk)
+        ids = torch.tensor([b + [_pad_id(tokenizer)] * (width - len(b)) for b, _ in chunk])
+        mask = torch.tensor([[1] * len(b) + [0] * (width - len(b)) for b, _ in chunk])
+        valid = torch.tensor([scored + [False] * (width - 1 - len(scored)) for _, scored in chunk])
         targets = ids[:, 1:][valid].to(device)
         logits = {}
         for role, lm in (("student", model), ("teacher", teacher)):
@@ -290,11 +319,13 @@ def with_stderr(value: float | None, stderr: float | None) -> str:
 def evaluate_quality(model, tokenizer, tasks=TASKS, data_dir: str | None = None, limit: int | None = None,
                      batch_size: int = 8, teacher=None, teacher_tokenizer=None, heldout=None,
                      heldout_tokens: int = 16384, model_name: str | None = None,
-                     teacher_name: str | None = None, teacher_results: dict | None = None) -> dict:
+                     teacher_name: str | None = None, teacher_results: dict | None = None,
+                     heldout_chats: str = "embedded", heldout_chat_tokens: int = 0) -> dict:
     """The linzoo.quality/v1 dict. `heldout`: texts for perplexity (None = linzoo.data's "embedded" test
     split, or a .txt path / spec / list); heldout_tokens=0 skips perplexity and KL. `teacher_results`: the
     teacher's own quality dict on the same documents; its task scores are reused (recovery needs no teacher
-    model then; a `teacher` model still gives the held-out KL)."""
+    model then; a `teacher` model still gives the held-out KL). `heldout_chat_tokens` > 0: the same held-out numbers
+    on the test chats of `heldout_chats`, their last assistant turns only (the `chat_` keys)."""
     task_objs = load_tasks(tasks, data_dir)  # first: a missing file or unknown task fails before any model runs
     tasks = list(task_objs)
     docs = {task: task_docs(task, obj, limit) for task, obj in task_objs.items()}
@@ -308,6 +339,13 @@ def evaluate_quality(model, tokenizer, tasks=TASKS, data_dir: str | None = None,
         texts = load_texts("embedded" if heldout is None else heldout, split="test")
         # at most 4 blocks of 1,024 tokens at once: the task batch (64 on a GPU) would hold 16 blocks' logits
         held = heldout_metrics(model, tokenizer, texts, heldout_tokens, teacher, batch_size=min(batch_size, 4))
+    if heldout_chat_tokens > 0:  # the same on held-out chats, their last assistant turns only
+        from linzoo.data import load_chat_dataset
+
+        chats = load_chat_dataset(heldout_chats, split="test")["messages"]
+        chat = heldout_metrics(model, tokenizer, None, heldout_chat_tokens, teacher, batch_size=min(batch_size, 4),
+                               chats=chats)
+        held |= {f"chat_{k}": v for k, v in chat.items()}
     scores = score_tasks(model, tokenizer, task_objs, docs, limit, batch_size)
     if teacher_results is None and teacher is not None:
         teacher_scores = score_tasks(teacher, teacher_tokenizer or tokenizer, task_objs, docs, limit, batch_size)
@@ -411,12 +449,17 @@ class QualityArguments(ModelArguments):
     limit: int | None = field(default=None, metadata={"help": "first N docs per task (default: all)"})
     heldout: str = field(default="embedded", metadata={"help": "held-out texts: linzoo.data spec or .txt path"})
     heldout_tokens: int = field(default=16384, metadata={"help": "perplexity token budget (0 = skip)"})
+    heldout_chats: str = field(default="embedded", metadata={
+        "help": "held-out chats (the test split of a linzoo.data chat spec) for --heldout_chat_tokens"})
+    heldout_chat_tokens: int = field(default=0, metadata={
+        "help": "perplexity and KL on held-out chats, their last assistant turns only: the assistant tokens to score "
+                "(0 = skip)"})
     teacher_results: str | None = field(default=None, metadata={
         "help": "the teacher's quality.json on the same tasks/--limit: its scores are reused, not recomputed "
                 "(--teacher is then needed only for the held-out KL)"})
     quantize: str = quantize_field("the student's (the teacher stays the reference): what quantization costs")
 
-    LIMITS = {"limit": {"min": 1}, "heldout_tokens": {"min": 0}}
+    LIMITS = {"limit": {"min": 1}, "heldout_tokens": {"min": 0}, "heldout_chat_tokens": {"min": 0}}
 
     def __post_init__(self):  # checked here, before any model loads
         super().__post_init__()
@@ -446,7 +489,7 @@ def main(argv: list[str] | None = None) -> dict:
                                   if args.teacher else (None, None))
     results = evaluate_quality(model, tokenizer, args.tasks, args.data_dir, args.limit, args.batch_size, teacher,
                                teacher_tokenizer, args.heldout, args.heldout_tokens, args.model, args.teacher,
-                               teacher_results)
+                               teacher_results, args.heldout_chats, args.heldout_chat_tokens)
     if args.quantize != "none":
         results["quantize"] = args.quantize  # the card leaves these out: not the weights as they are
     json_path, _ = save_quality(results, args.out)

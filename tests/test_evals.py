@@ -159,6 +159,37 @@ def test_heldout_perplexity_and_kl():
         quality.heldout_metrics(student, tok, FILLER, 100, teacher=UniformLM(len(tok) + 7))
 
 
+def test_heldout_chats_score_the_last_assistant_turn_only(tiny_teacher_dir):
+    """Held-out chats: only the last assistant turn's tokens (its end-of-turn included) count; the numbers equal a
+    hand computation over exactly those tokens, and a uniform model's perplexity is the vocabulary size."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_teacher_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_teacher_dir).eval()
+    chats = [[{"role": "user", "content": f"What is {i} plus {i}?"}, {"role": "assistant", "content": f"It is {2 * i}."},
+              {"role": "user", "content": "And doubled?"}, {"role": "assistant", "content": f"It is {4 * i}."}]
+             for i in range(1, 6)]
+    rows = quality.chat_rows(tok, chats, 10**6, 1024)
+    assert len(rows) == 5
+    for (ids, scored), chat in zip(rows, chats):
+        answer = [t for t, keep in zip(ids[1:], scored) if keep]
+        content = tok(chat[-1]["content"], add_special_tokens=False)["input_ids"]
+        assert tok.decode(answer).startswith(chat[-1]["content"]) and len(answer) > len(content)  # + end of turn
+        assert chat[1]["content"] not in tok.decode(answer)  # the earlier assistant turn is context, not scored
+    got = quality.heldout_metrics(model, tok, None, 10**6, teacher=model, chats=chats, batch_size=2)
+    nll, n = 0.0, 0
+    with torch.no_grad():
+        for ids, scored in rows:
+            logp = torch.log_softmax(model(torch.tensor([ids])).logits[0, :-1].float(), -1)
+            for i, keep in enumerate(scored):
+                nll, n = (nll - float(logp[i, ids[i + 1]]), n + 1) if keep else (nll, n)
+    assert got["heldout_tokens"] == n and got["perplexity"] == pytest.approx(math.exp(nll / n), rel=1e-4)
+    assert got["kl_to_teacher"] == pytest.approx(0.0, abs=1e-5)
+    uniform = quality.heldout_metrics(UniformLM(len(tok)), tok, None, 10**6, chats=chats)
+    assert uniform["perplexity"] == pytest.approx(len(tok), rel=1e-4)
+    assert sum(map(sum, (s for _, s in quality.chat_rows(tok, chats, 12, 1024)))) < sum(sum(s) for _, s in rows)
+
+
 def test_heldout_metrics_build_no_autograd_graph():
     """The held-out forwards run without gradients: with them (the decorator sat on token_stream), 4,096 tokens of
     the main job's student and its teacher held 24 GB and were killed on a 24 GB machine."""
