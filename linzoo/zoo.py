@@ -61,8 +61,8 @@ COMMANDS = {
 TEACHER_FLAGS = {"quality": lambda teacher, results: ["--teacher", teacher, "--teacher_results", str(results)]}
 OWNED = {"--teacher", "--mixer", "--model_name_or_path", "--total_tokens", "--output_dir", "--model", "--out",
          "--teacher_results"}
-TOP_KEYS = {"teacher", "mixers", "jobs", "variants", "evals", "estimate"}
-VARIANT_KEYS, EVAL_KEYS = {"command", "parent", "tokens", "flags"}, {"eval", "sub", "flags"}
+TOP_KEYS = {"teacher", "mixers", "jobs", "variants", "evals", "estimate", "targets"}
+VARIANT_KEYS, EVAL_KEYS = {"command", "parent", "tokens", "flags"}, {"eval", "sub", "flags", "variants"}
 ESTIMATE_KEYS = {"tokens_per_second", "start_seconds", "eval_seconds", "side_by_side"}
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 STATE_FILE, CARD_FILE = "zoo_state.json", "README.md"
@@ -82,6 +82,7 @@ class EvalEntry:
     eval: str
     sub: str
     flags: list[str]
+    variants: list[str] | None = None  # the rows that get it (None: every row); the teacher gets every eval
 
     @property
     def label(self) -> str:
@@ -97,6 +98,7 @@ class Zoo:
     variants: dict[str, Variant]
     evals: list[EvalEntry]
     estimate: dict
+    targets: dict = field(default_factory=dict)
 
 
 def _flags(value, where) -> list[str]:
@@ -193,7 +195,11 @@ def read_zoo(path) -> Zoo:
         sub = str(e.get("sub") or "")
         if sub and not NAME.fullmatch(sub):
             raise ValueError(f"{at(f'evals[{i}].sub')}: {sub!r}: a sub-folder name (letters, digits, _ and -)")
-        entry = EvalEntry(e["eval"], sub, _flags(e.get("flags"), at(f"evals[{i}].flags")))
+        only = e.get("variants")
+        if only is not None and (not isinstance(only, list) or not only or any(v not in ordered for v in only)):
+            raise ValueError(f"{at(f'evals[{i}].variants')}: give a list of the zoo's variants "
+                             f"({', '.join(ordered)}): the rows that get this eval")
+        entry = EvalEntry(e["eval"], sub, _flags(e.get("flags"), at(f"evals[{i}].flags")), only)
         if any(x.label == entry.label for x in evals):
             raise ValueError(f"{at(f'evals[{i}]')}: {entry.label} is there twice: give one a sub (its sub-folder)")
         evals.append(entry)
@@ -218,7 +224,37 @@ def read_zoo(path) -> Zoo:
     teacher = raw["teacher"]
     if not isinstance(teacher, str) or not teacher:
         raise ValueError(f"{at('teacher')}: give a Hub id, a folder, a .gguf file or 'embedded'")
-    return Zoo(str(path), teacher, mixers, jobs, ordered, evals, estimate)
+    targets = read_targets(raw.get("targets") or {}, at("targets"), ordered, evals)
+    return Zoo(str(path), teacher, mixers, jobs, ordered, evals, estimate, targets)
+
+
+# a target's measure -> (how to read it off an eval's headline (and the teacher's), what it must be, its words)
+TARGET_MEASURES = {
+    "of_teacher": "each listed length's accuracy (NIAH) or the accuracy (instruct) at least this share of the teacher's",
+    "perplexity_ratio": "held-out perplexity at most this many times the teacher's",
+    "stop_rate": "the share of answers that stop (EOS) within the token budget, at least this",
+}
+
+
+def read_targets(raw, where, variants, evals) -> dict:
+    """{variant: {eval label: {measure: value, "at": [lengths]}}}: what a row of that variant must measure; the
+    report marks each row's misses. Measures: TARGET_MEASURES."""
+    raw = _mapping(raw, where, set(variants))
+    labels = {e.label for e in evals}
+    out = {}
+    for variant, checks in raw.items():
+        checks = _mapping(checks, f"{where}.{variant}", labels)
+        for label, t in checks.items():
+            t = _mapping(t, f"{where}.{variant}.{label}", set(TARGET_MEASURES) | {"at"})
+            for measure in TARGET_MEASURES:
+                if measure in t:
+                    _number(t[measure], f"{where}.{variant}.{label}.{measure}")
+            if not set(t) & set(TARGET_MEASURES):
+                raise ValueError(f"{where}.{variant}.{label}: give a measure ({', '.join(TARGET_MEASURES)})")
+            if "at" in t and (not isinstance(t["at"], list) or not t["at"]):
+                raise ValueError(f"{where}.{variant}.{label}.at: give a list of context lengths, e.g. [256, 512]")
+            out.setdefault(variant, {})[label] = t
+    return out
 
 
 # ------------------------------------------------------------------------------------------------- plan
@@ -253,12 +289,16 @@ class Step:
         return [c for c in (self.train, *self.evals, self.card) if c is not None]
 
 
-def eval_commands(zoo: Zoo, model: str, folder: Path, teacher_eval: Path | None) -> list[Command]:
-    """The evals of one row (`teacher_eval`: where the teacher's results are; None: this is the teacher's row)."""
+def eval_commands(zoo: Zoo, model: str, folder: Path, teacher_eval: Path | None, variant: str | None = None
+                  ) -> list[Command]:
+    """The evals of one row (`teacher_eval`: where the teacher's results are; None: this is the teacher's row,
+    which gets every eval; a student's row those whose `variants` list its variant, or that list none)."""
     from linzoo.evals.registry import get_eval
 
     out = []
     for e in zoo.evals:
+        if variant is not None and e.variants is not None and variant not in e.variants:
+            continue
         where = folder / "eval" / e.sub if e.sub else folder / "eval"
         result = get_eval(e.eval).result_file
         extra = []
@@ -283,7 +323,7 @@ def plan(zoo: Zoo, out) -> list[Step]:
                     *v.flags, "--output_dir", str(folder)]
             step = Step(f"{mixer}/{v.name}", folder, mixer, v.name, f"{mixer}/{v.parent}" if v.parent else None,
                         Command("train", argv, folder / LINEAGE_FILE, v.tokens, v.command))
-            step.evals = eval_commands(zoo, str(folder), folder, teacher.folder / "eval")
+            step.evals = eval_commands(zoo, str(folder), folder, teacher.folder / "eval", v.name)
             # --overwrite: the folder is the zoo's own, and sft's Trainer leaves its own README.md there
             step.card = Command("card", ["card", str(folder), "--overwrite"], folder / CARD_FILE)
             steps.append(step)
@@ -544,18 +584,27 @@ def last_line(log: Path) -> str:
 
 
 def niah_headline(r: dict) -> dict:
-    return {"by_length": {n: [a, r["mean_by_length_se"][n]] for n, a in r["mean_by_length"].items()},
-            "overall": [r["overall"], r["overall_se"]]}
+    out = {"by_length": {n: [a, r["mean_by_length_se"][n]] for n, a in r["mean_by_length"].items()},
+           "overall": [r["overall"], r["overall_se"]]}
+    if "key_logprob" in r:  # the key's teacher-forced log-probability (nats): how near a miss came
+        out["key_logprob"] = [r["key_logprob"], r["key_logprob_se"]]
+    return out
 
 
 def quality_headline(r: dict) -> dict:
     above = r.get("recovery_above_chance") or {}
+    keys = ("perplexity", "teacher_perplexity", "kl_to_teacher", "chat_perplexity", "chat_teacher_perplexity",
+            "chat_kl_to_teacher")
     return {"recovery_above_chance": [above.get("average"), (above.get("stderr") or {}).get("average")],
-            "perplexity": r.get("perplexity"), "teacher_perplexity": r.get("teacher_perplexity")}
+            **{k: r.get(k) for k in keys}}
+
+
+def instruct_headline(r: dict) -> dict:
+    return {"accuracy": [r["accuracy"], r["accuracy_se"]], "stop_rate": [r["stop_rate"], r["stop_rate_se"]]}
 
 
 # eval -> its headline numbers in the zoo's report; an eval not listed is reported as measured or not
-HEADLINES = {"niah": niah_headline, "quality": quality_headline}
+HEADLINES = {"niah": niah_headline, "quality": quality_headline, "instruct": instruct_headline}
 
 
 def report_rows(zoo: Zoo, steps: list[Step], state: dict, status_of=None) -> list[dict]:
@@ -580,7 +629,45 @@ def report_rows(zoo: Zoo, steps: list[Step], state: dict, status_of=None) -> lis
             if h and "perplexity" in h:
                 base = (teacher.get(label) or {}).get("perplexity") or h.get("teacher_perplexity")
                 h["perplexity_ratio"] = h["perplexity"] / base if h["perplexity"] and base else None
+            if h and "accuracy" in h and label in teacher and teacher[label]:
+                t = teacher[label]["accuracy"][0]
+                h["of_teacher"] = h["accuracy"][0] / t if t else None
+        row["targets"] = check_targets(zoo.targets.get(row["variant"], {}), row["evals"], teacher)
     return rows
+
+
+def check_targets(targets: dict, evals: dict, teacher: dict) -> list[dict]:
+    """Each target of a row's variant against its numbers: {"target", "value", "held"} (held None: not measured)."""
+    out = []
+    for label, t in targets.items():
+        h, th = evals.get(label), teacher.get(label)
+        for measure, want in t.items():
+            if measure == "at":
+                continue
+            if measure == "of_teacher" and "at" in t:  # NIAH: each length against the teacher's at that length
+                for n in map(str, t["at"]):
+                    got = h and h["by_length"].get(n, [None])[0]
+                    ref = th and th["by_length"].get(n, [None])[0]
+                    need = None if ref is None else want * ref
+                    out.append({"target": f"{label} at {n} >= {want:g} x teacher ({_num(ref)})",
+                                "value": got, "held": None if got is None or need is None else got >= need - 1e-9})
+            elif measure == "of_teacher":
+                got = h and h.get("of_teacher")
+                out.append({"target": f"{label} >= {want:g} x teacher", "value": got,
+                            "held": None if got is None else got >= want - 1e-9})
+            elif measure == "perplexity_ratio":
+                got = h and h.get("perplexity_ratio")
+                out.append({"target": f"{label} perplexity <= {want:g} x teacher", "value": got,
+                            "held": None if got is None else got <= want + 1e-9})
+            elif measure == "stop_rate":
+                got = h and h["stop_rate"][0]
+                out.append({"target": f"{label} EOS stop >= {want:g}", "value": got,
+                            "held": None if got is None else got >= want - 1e-9})
+    return out
+
+
+def _num(x) -> str:
+    return "—" if x is None else f"{x:.2f}"
 
 
 def _pm(pair, spec=".2f") -> str:
@@ -611,13 +698,30 @@ def markdown(zoo: Zoo, rows: list[dict]) -> str:
             heads.append(f"{e.label} by length ({' / '.join(lengths) or 'lengths'})")
             for c, h in zip(cells, kind):
                 c.append(" / ".join(_pm(h["by_length"].get(n, (None, None))) for n in lengths) if h else "—")
+            if "key_logprob" in shape:
+                heads.append(f"{e.label}: key log-prob (nats)")
+                for c, h in zip(cells, kind):
+                    c.append(_pm(h["key_logprob"], ".1f") if h and "key_logprob" in h else "—")
         elif "recovery_above_chance" in shape:
-            heads += [f"{e.label}: recovery above chance %", f"{e.label}: perplexity × teacher"]
+            heads += [f"{e.label}: recovery above chance %", f"{e.label}: perplexity × teacher", f"{e.label}: KL"]
+            chats = any(h and h.get("chat_perplexity") for h in kind)
+            if chats:
+                heads += [f"{e.label}: chat perplexity (answers)", f"{e.label}: chat KL"]
             for c, h, row in zip(cells, kind, rows):
                 teacher = row["step"] == "teacher"
                 c.append("(the reference)" if teacher and h else _pm(h["recovery_above_chance"], ".1f") if h else "—")
                 ratio = h and h.get("perplexity_ratio")
                 c.append(f"{ratio:.2f} ({h['perplexity']:.1f})" if ratio else "—")
+                c.append(f"{h['kl_to_teacher']:.3f}" if h and h.get("kl_to_teacher") is not None else "—")
+                if chats:
+                    c.append(f"{h['chat_perplexity']:.2f}" if h and h.get("chat_perplexity") else "—")
+                    c.append(f"{h['chat_kl_to_teacher']:.3f}" if h and h.get("chat_kl_to_teacher") is not None else "—")
+        elif "stop_rate" in shape:
+            heads += [f"{e.label}: accuracy (× teacher)", f"{e.label}: EOS stop"]
+            for c, h in zip(cells, kind):
+                ratio = h and h.get("of_teacher")
+                c.append(_pm(h["accuracy"]) + (f" ({ratio:.2f})" if ratio is not None else "") if h else "—")
+                c.append(_pm(h["stop_rate"]) if h else "—")
         else:
             heads.append(e.label)
             for c, h in zip(cells, kind):
@@ -628,12 +732,27 @@ def markdown(zoo: Zoo, rows: list[dict]) -> str:
              "NIAH: accuracy ± binomial standard error; recovery above chance: (s − c) / (t − c) over the tasks "
              "where the teacher is clearly above chance, ± its standard error; perplexity on held-out text over "
              "the teacher's (the student's own in brackets).", "",
-             "| model | parent | state | time | " + " | ".join(heads) + " |", "|---" * (4 + len(heads)) + "|"]
+             "| model | parent | state | time | " + " | ".join(heads) + " | targets |", "|---" * (5 + len(heads)) + "|"]
     for row, c in zip(rows, cells):
         name = f"teacher `{zoo.teacher}`" if row["step"] == "teacher" else row["step"]
         took = duration(row["seconds"]) if row["seconds"] else "—"
-        lines.append(f"| {name} | {row['parent'] or ''} | {row['state']} | {took} | " + " | ".join(c) + " |")
+        lines.append(f"| {name} | {row['parent'] or ''} | {row['state']} | {took} | " + " | ".join(c)
+                     + f" | {targets_cell(row.get('targets') or [])} |")
+    if zoo.targets:
+        lines += ["", "Targets (the zoo file's `targets`, per variant): "
+                  + "; ".join(f"{v}: " + ", ".join(f"{label} {', '.join(f'{k} {w}' for k, w in t.items())}"
+                                                  for label, t in checks.items()) for v, checks in zoo.targets.items())]
     return "\n".join(lines) + "\n"
+
+
+def targets_cell(targets: list[dict]) -> str:
+    if not targets:
+        return ""
+    missed = [f"{t['target']}: {_num(t['value'])}" for t in targets if t["held"] is False]
+    unknown = sum(t["held"] is None for t in targets)
+    if missed:
+        return "**missed** " + "; ".join(missed) + (f" ({unknown} not measured)" if unknown else "")
+    return "all held" if not unknown else f"{len(targets) - unknown} held, {unknown} not measured"
 
 
 def figure(rows: list[dict], path: Path):
@@ -644,13 +763,15 @@ def figure(rows: list[dict], path: Path):
 
     teacher, students = rows[0], [r for r in rows if r["mixer"]]
     panels = []  # (label, key, what, teacher's value)
-    for label, h in (students[0]["evals"] if students else {}).items():
+    for label in dict.fromkeys(label for r in students for label in r["evals"]):
         th = teacher["evals"].get(label)
         kind = next((x["evals"][label] for x in rows if x["evals"].get(label)), None) or {}
         if "overall" in kind:
             panels.append((label, "overall", f"{label}: overall accuracy", th and th["overall"][0]))
         elif "recovery_above_chance" in kind:
             panels.append((label, "recovery_above_chance", f"{label}: recovery above chance %", 100.0))
+        elif "accuracy" in kind:
+            panels.append((label, "accuracy", f"{label}: accuracy", th and th["accuracy"][0]))
     mixers = list(dict.fromkeys(r["mixer"] for r in students))
     variants = list(dict.fromkeys(r["variant"] for r in students))
     fig = Figure(figsize=(max(6.0, 1.1 * len(mixers) + 3), 2.8 * max(1, len(panels))))

@@ -190,22 +190,38 @@ def _quality(model, above, stderr, ppl, teacher_ppl):
             "recovery_above_chance": {"average": above, "stderr": {"average": stderr}}}
 
 
+def _instruct(model, accuracy, stop_rate):
+    return {"schema": "linzoo.instruct/v1", "model": model, "accuracy": accuracy, "accuracy_se": 0.03,
+            "stop_rate": stop_rate, "stop_rate_se": 0.02}
+
+
 def test_report_writers_on_hand_made_results(tmp_path):
+    """The table (an eval per variant, the targets of each variant checked against the teacher row), the JSON and
+    the figure, from hand-made results files."""
     from linzoo.evals.registry import get_eval
 
     path = _three_variants(tmp_path, variants={"base": {"command": "linearize", "tokens": 100},
                                                "instruct": {"command": "sft", "parent": "base", "tokens": 100}},
-                           evals=[{"eval": "niah"}, {"eval": "quality"}],
-                           estimate=ESTIMATE | {"eval_seconds": {"niah": 30, "quality": 60}})
+                           evals=[{"eval": "niah"}, {"eval": "quality"},
+                                  {"eval": "instruct", "variants": ["instruct"]}],
+                           targets={"base": {"niah": {"of_teacher": 0.8, "at": [256, 512]},
+                                             "quality": {"perplexity_ratio": 1.3}},
+                                    "instruct": {"instruct": {"of_teacher": 0.7, "stop_rate": 0.9}}},
+                           estimate=ESTIMATE | {"eval_seconds": {"niah": 30, "quality": 60, "instruct": 120}})
     config, out = zoo.read_zoo(path), tmp_path / "runs"
     steps = zoo.plan(config, out)
-    niah_file, quality_file = (get_eval(e).result_file for e in ("niah", "quality"))
+    assert [c.label for c in steps[0].evals] == ["eval niah", "eval quality", "eval instruct"]  # the teacher: all
+    assert [c.label for c in steps[1].evals] == ["eval niah", "eval quality"]  # base: not the instruct eval
+    assert [c.label for c in steps[2].evals] == ["eval niah", "eval quality", "eval instruct"]
+    niah_file, quality_file, instruct_file = (get_eval(e).result_file for e in ("niah", "quality", "instruct"))
     # the teacher and one student measured; another student has NIAH only; the rest nothing
-    made = {"teacher": (_niah("t", {"256": 1.0, "512": 1.0}, 0.0), _quality("t", None, None, 15.0, None)),
-            "gated_deltanet/base": (_niah("s", {"256": 0.75, "512": 0.5}), _quality("s", 41.5, 3.6, 18.0, 15.0)),
+    made = {"teacher": (_niah("t", {"256": 1.0, "512": 1.0}, 0.0) | {"key_logprob": -0.5, "key_logprob_se": 0.1},
+                        _quality("t", None, None, 15.0, None), _instruct("t", 1.0, 0.86)),
+            "gated_deltanet/base": (_niah("s", {"256": 0.75, "512": 0.9}), _quality("s", 41.5, 3.6, 18.0, 15.0)),
+            "gated_deltanet/instruct": (None, None, _instruct("s", 0.85, 0.79)),
             "mamba2/base": (_niah("m", {"256": 0.25, "512": 0.0}), None)}
     for s in steps:
-        for data, name in zip(made.get(s.name, ()), (niah_file, quality_file)):
+        for data, name in zip(made.get(s.name, ()), (niah_file, quality_file, instruct_file)):
             if data:
                 (s.folder / "eval").mkdir(parents=True, exist_ok=True)
                 (s.folder / "eval" / name).write_text(json.dumps(data))
@@ -214,23 +230,30 @@ def test_report_writers_on_hand_made_results(tmp_path):
     rows = zoo.write_report(config, steps, out, state, status_of=lambda s: "done" if s.name in made else "to do")
     md = (out / "zoo.md").read_text()
     table = [line for line in md.splitlines() if line.startswith("| ")]
-    assert table[0] == ("| model | parent | state | time | niah by length (256 / 512) "
-                        "| quality: recovery above chance % | quality: perplexity × teacher |")
-    assert table[1] == ("| teacher `embedded` |  | done | — | 1.00±0.00 / 1.00±0.00 | (the reference) "
-                        "| 1.00 (15.0) |")
-    assert table[2] == ("| gated_deltanet/base | teacher | done | 5 min | 0.75±0.10 / 0.50±0.10 | 41.5±3.6 "
-                        "| 1.20 (18.0) |")
-    assert table[3] == "| gated_deltanet/instruct | gated_deltanet/base | to do | — | — | — | — |"
-    assert table[4].startswith("| mamba2/base | teacher | done | — | 0.25±0.10 / 0.00±0.10 | — | — |")
+    assert table[0] == ("| model | parent | state | time | niah by length (256 / 512) | niah: key log-prob (nats) "
+                        "| quality: recovery above chance % | quality: perplexity × teacher | quality: KL "
+                        "| instruct: accuracy (× teacher) | instruct: EOS stop | targets |")
+    assert table[1] == ("| teacher `embedded` |  | done | — | 1.00±0.00 / 1.00±0.00 | -0.5±0.1 | (the reference) "
+                        "| 1.00 (15.0) | — | 1.00±0.03 (1.00) | 0.86±0.02 |  |")
+    assert table[2] == ("| gated_deltanet/base | teacher | done | 5 min | 0.75±0.10 / 0.90±0.10 | — | 41.5±3.6 "
+                        "| 1.20 (18.0) | — | — | — | **missed** niah at 256 >= 0.8 x teacher (1.00): 0.75 |")
+    assert table[3] == ("| gated_deltanet/instruct | gated_deltanet/base | done | — | — | — | — | — | — "
+                        "| 0.85±0.03 (0.85) | 0.79±0.02 | **missed** instruct EOS stop >= 0.9: 0.79 |")
+    assert table[4].startswith("| mamba2/base | teacher | done | — | 0.25±0.10 / 0.00±0.10 | — | — | — | — | — | — "
+                               "| **missed** niah at 256 >= 0.8 x teacher (1.00): 0.25; niah at 512 >= 0.8 x teacher "
+                               "(1.00): 0.00 (1 not measured) |")
+    assert "Targets (the zoo file's `targets`, per variant): base: niah of_teacher 0.8, at [256, 512]" in md
     saved = json.loads((out / "zoo.json").read_text())
     assert saved["rows"] == rows and saved["teacher"] == "embedded"
-    assert rows[1]["evals"]["quality"] == {"recovery_above_chance": [41.5, 3.6], "perplexity": 18.0,
-                                           "teacher_perplexity": 15.0, "perplexity_ratio": pytest.approx(1.2)}
-    assert rows[1]["evals"]["niah"]["by_length"] == {"256": [0.75, 0.1], "512": [0.5, 0.1]}
+    assert rows[1]["evals"]["quality"]["recovery_above_chance"] == [41.5, 3.6]
+    assert rows[1]["evals"]["quality"]["perplexity_ratio"] == pytest.approx(1.2)
+    assert rows[1]["evals"]["niah"]["by_length"] == {"256": [0.75, 0.1], "512": [0.9, 0.1]}
+    assert [t["held"] for t in rows[1]["targets"]] == [False, True, True]
+    assert [t["held"] for t in rows[2]["targets"]] == [True, False]
     from PIL import Image
 
     with Image.open(out / "zoo.png") as image:
-        assert image.size[0] > 500 and image.size[1] > 400  # two panels: NIAH and recovery
+        assert image.size[0] > 500 and image.size[1] > 600  # three panels: NIAH, recovery, instruction answers
     zoo.figure(zoo.report_rows(config, steps[:1], {"steps": {}}), tmp_path / "empty.png")  # nothing to plot: fine
     assert (tmp_path / "empty.png").is_file()
 
@@ -258,6 +281,11 @@ def test_report_writers_on_hand_made_results(tmp_path):
     ({"estimate": {"tokens_per_second": {"linearize": 60}, "eval_seconds": {"niah": 30}}},
      "estimate.tokens_per_second.sft: missing"),
     ({"jobs": 0}, "jobs: give a positive whole number"),
+    ({"evals": [{"eval": "niah", "variants": ["bse"]}]}, "evals[0].variants: give a list of the zoo's variants"),
+    ({"targets": {"base": {"niah/natural": {"of_teacher": 0.8, "at": [256]}, "niah": {"at": [256]}}}},
+     "targets.base.niah: give a measure (of_teacher, perplexity_ratio, stop_rate)"),
+    ({"targets": {"base": {"quality": {"perplexity_ratio": 1.3}}}}, "targets.base.quality: unknown key"),
+    ({"targets": {"bse": {}}}, "targets.bse: unknown key"),
 ])
 def test_a_bad_zoo_file_is_one_line_naming_the_key(tmp_path, capsys, changes, words):
     from linzoo import cli
