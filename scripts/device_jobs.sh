@@ -11,6 +11,7 @@
 # $WORK/campaign) and prints each phase's planned and used seconds; "campaign: done" ends it. README: "Firing the GPU
 # campaign". DRY=1: the same on the CPU with tiny budgets (TEACHER: a small model folder, default embedded), so a lent
 # GPU meets only the numbers; DEV (default .dev) is the folder prepare.sh filled, WORK (default /tmp) the scratch.
+# zoo: the zoo file ZOO (recipes/135m/zoo-gpu.yaml) built by `linzoo zoo` in the background, its report packed.
 # start: starts (or resumes) the training runs in the background and returns; parity: the fast-vs-torch check;
 # wait: until the runs finish or LIMIT nears; eval: teacher + finished students; bench (background, resumable
 # across calls like the runs: call it again to wait for it); profile.
@@ -31,7 +32,7 @@
 # phase's scripts), SPEED_EVAL_ARGS (`linzoo eval speed`) shrink the jobs (DRY=1 sets them); PARITY_ARGS (e.g.
 # "--mixers xlstm") narrows the parity check; EVAL_JOBS (default 6) caps concurrent background eval jobs.
 set -uo pipefail
-[ $# -gt 0 ] || { echo "usage: device_jobs.sh campaign|start|wait|parity|eval|bench|profile ..."; exit 2; }
+[ $# -gt 0 ] || { echo "usage: device_jobs.sh campaign|zoo|start|wait|parity|eval|bench|profile ..."; exit 2; }
 R=$PWD
 LIMIT=${LIMIT:-540}  # seconds for this call, from the script's start: under a 600 s per-call cap, with time to pack $OUT
 WORK=${WORK:-/tmp} DEV=${DEV:-$R/.dev} TEACHER=${TEACHER:-embedded} DRY=${DRY:-}
@@ -356,6 +357,35 @@ bench)  # in the background, under a lock like the training runs: it outlives th
 eval)
   run_eval
   tar czf "$OUT/eval.tgz" -C "$WORK/eval" . ;;
+zoo)  # the zoo file $ZOO (e.g. recipes/135m/zoo-gpu.yaml) built by `linzoo zoo` itself (the plan, side by side,
+  # resume, the report: linzoo/zoo.py), in the background under a lock so that it outlives the call; each call starts
+  # it unless it is running, follows its log until LIMIT, and packs the report into $OUT (the same call again goes on).
+  [ -n "${ZOO:-}" ] || { echo "zoo: set ZOO to a zoo file, e.g. recipes/135m/zoo-gpu.yaml"; exit 2; }
+  case $ZOO in /*) ;; *) ZOO=$R/$ZOO;; esac
+  Z=$WORK/zoo
+  mkdir -p "$Z"
+  export EVAL_DATA=${EVAL_DATA:-$DEV/eval}  # the quality eval's five sets
+  if ! flock -n "$Z.lock" true; then echo "zoo: still building (from an earlier call)"
+  else
+    echo "zoo: building $ZOO (or going on) in $Z"
+    # shellcheck disable=SC2086  # ZOO_ARGS split into words on purpose
+    setsid nohup flock -o "$Z.lock" python3 -m linzoo.cli zoo --config "$ZOO" --out "$Z" ${ZOO_ARGS:-} \
+      >>"$Z.log" 2>&1 </dev/null &
+    sleep 2
+  fi
+  last=$(wc -l <"$Z.log")
+  while [ $((LIMIT - SECONDS)) -gt 25 ] && ! flock -n "$Z.lock" true; do
+    n=$(wc -l <"$Z.log"); [ "$n" -gt "$last" ] && { sed -n "$((last + 1)),${n}p" "$Z.log"; last=$n; }
+    sleep 5
+  done
+  n=$(wc -l <"$Z.log"); [ "$n" -gt "$last" ] && sed -n "$((last + 1)),${n}p" "$Z.log"
+  flock -n "$Z.lock" true && echo "zoo: the build has ended (its last line above)" || echo "zoo: still building at the limit: call again"
+  # what comes back: the report, the state, the log, and every row's card and results (never weights)
+  cp "$Z/zoo.md" "$Z/zoo.json" "$Z/zoo.png" "$Z/zoo_state.json" "$OUT/" 2>/dev/null
+  tail -c 4000000 "$Z.log" >"$OUT/zoo.log"
+  (cd "$Z" && shopt -s nullglob globstar && files=(**/README.md **/eval/**/*.json **/eval/**/*.png **/linzoo_training.json **/*.log)
+   [ ${#files[@]} -gt 0 ] && tar czf "$OUT/zoo_rows.tgz" "${files[@]}")
+  save_triton ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
 done

@@ -257,3 +257,56 @@ def test_the_queue_fires_the_first_campaign_not_done(tmp_path):
     bad.write_text("recipes/135m/no_such.runs\n")
     with pytest.raises(ValueError, match=r"q.txt:1: 'recipes/135m/no_such.runs' is not a campaign file"):
         campaign.read_queue(bad)
+
+
+def test_dry_zoo_on_the_lent_machine(tiny_teacher_dir, tiny_corpus, tmp_path):
+    """`device_jobs.sh zoo`: `linzoo zoo` of a zoo file built in the background under a lock (so that it outlives the
+    call), followed until the build ends, and its report, state, log and every row's card and results packed into
+    $OUT within the device's limits; the same call again finds the zoo built and retrains nothing. The real zoo file,
+    recipes/135m/zoo-gpu.yaml, is read and planned here too."""
+    import tarfile
+
+    import yaml
+
+    from linzoo import zoo
+
+    text = tiny_corpus / "text.txt"
+    plan = tmp_path / "tiny-zoo.yaml"
+    plan.write_text(yaml.safe_dump({
+        "teacher": str(tiny_teacher_dir), "mixers": ["gated_deltanet"], "jobs": 2,
+        "variants": {
+            "base": {"command": "linearize", "tokens": 400, "flags": [
+                "--dataset", str(text), "--max_seq_length", "32", "--per_device_train_batch_size", "2",
+                "--calibration_tokens", "0", "--dataloader_pin_memory", "false"]},
+            "instruct": {"command": "sft", "parent": "base", "tokens": 256, "flags": [
+                "--dataset", str(tiny_corpus / "chat.jsonl"), "--max_seq_length", "64",
+                "--per_device_train_batch_size", "2", "--dataloader_pin_memory", "false"]}},
+        "evals": [{"eval": "niah", "flags": ["--lengths", "192", "--depths", "0", "--samples_per_cell", "1"]},
+                  {"eval": "instruct", "variants": ["instruct"], "flags": ["--max_new_tokens", "4"]}],
+        "estimate": {"tokens_per_second": {"linearize": 100, "sft": 100}, "start_seconds": 5,
+                     "eval_seconds": {"niah": 5, "instruct": 5}}}))
+    dev = fake_dev(tmp_path, text)
+    run = lambda: subprocess.run(  # noqa: E731
+        ["bash", str(ROOT / "scripts" / "device_jobs.sh"), "zoo"], cwd=ROOT, capture_output=True, text=True,
+        timeout=600, env={**os.environ, "DRY": "1", "ZOO": str(plan), "TEACHER": str(tiny_teacher_dir), "DEV": str(dev),
+                          "WORK": str(tmp_path / "work"), "OUT": str(tmp_path / "out"), "OMP_NUM_THREADS": "1",
+                          "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+    proc = run()
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert "zoo: building" in out and "zoo: done: 3 steps" in out and "zoo: the build has ended" in out, out[-3000:]
+    files = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert files == ["card.txt", "zoo.json", "zoo.log", "zoo.md", "zoo.png", "zoo_rows.tgz", "zoo_state.json"]
+    assert len(files) <= 8 and all(p.stat().st_size <= 16 * 2**20 for p in (tmp_path / "out").iterdir())
+    with tarfile.open(tmp_path / "out" / "zoo_rows.tgz") as tar:
+        names = set(tar.getnames())
+    assert {"gated_deltanet/base/README.md", "gated_deltanet/instruct/eval/instruct.json",
+            "teacher/eval/niah.json"} <= names and not any(n.endswith(".safetensors") for n in names)
+    rows = json.loads((tmp_path / "out" / "zoo.json").read_text())["rows"]
+    assert [r["state"] for r in rows] == ["done"] * 3
+    again = run()
+    assert again.returncode == 0 and "done earlier (skipped)" in again.stdout and " started" not in again.stdout
+    real = zoo.read_zoo(ROOT / "recipes" / "135m" / "zoo-gpu.yaml")
+    steps = zoo.plan(real, tmp_path / "gpu")
+    assert len(steps) == 1 + 4 * len(real.mixers) and real.jobs == 8
+    assert all("--device" in c.argv and "cuda" in c.argv for s in steps for c in s.evals)
