@@ -297,3 +297,29 @@ def test_a_bad_zoo_file_is_one_line_naming_the_key(tmp_path, capsys, changes, wo
     assert cli.main(["zoo", "--config", str(path), "--out", str(tmp_path / "runs")]) == 2
     assert capsys.readouterr().err == f"linzoo zoo: error: {err.value}\n"
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("name", ["zoo-cpu.yaml", "zoo-gpu.yaml"])
+def test_the_shipped_zoo_files_plan_every_mixer_and_their_commands_parse(name, tmp_path):
+    """recipes/135m/zoo-*.yaml: every registered mixer as base, base-pure, instruct and instruct-distilled, the targets
+    of issue 30, and each row's training command through its command's own parser (an unknown flag fails here)."""
+    from trl import ModelConfig
+
+    from linzoo.modeling.mixers import MIXERS
+    from linzoo.trainers.common import parse_config
+    from linzoo.trainers.distill_instruct_config import InstructDistillConfig
+    from linzoo.trainers.linearize_config import LinearizeConfig
+    from linzoo.trainers.sft import LinzooSFTConfig
+
+    config = zoo.read_zoo(Path(__file__).resolve().parents[1] / "recipes" / "135m" / name)
+    assert sorted(config.mixers) == sorted(MIXERS)
+    assert list(config.variants) == ["base", "base-pure", "instruct", "instruct-distilled"]
+    assert config.targets["base"]["niah/natural"] == {"of_teacher": 0.8, "at": [256, 512]}
+    types = {"linearize": (LinearizeConfig,), "sft": (LinzooSFTConfig, ModelConfig),
+             "distill-instruct": (InstructDistillConfig, ModelConfig)}
+    steps = zoo.plan(config, tmp_path / "zoo")
+    for step in steps[1:5]:  # one mixer's four rows: the flags are the same for every mixer
+        argv = [w if w != str(tmp_path / "zoo" / step.mixer / "base") else str(tmp_path) for w in step.train.argv[1:]]
+        parsed = parse_config(types[step.train.command], [*argv, "--bf16", "false"])
+        assert parsed[0].total_tokens == config.variants[step.variant].tokens
+    assert {c.label for s in steps[1:5] for c in s.evals} == {f"eval {e.label}" for e in config.evals}
