@@ -92,6 +92,12 @@ export LINZOO_DEBUG=1  # a failing job's log keeps its traceback
 export LINZOO_CACHE=$WORK/lzcache HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 [ -d "$WORK/lzcache/data" ] || [ ! -d "$DEV/lzcache" ] || { mkdir -p "$WORK/lzcache" && cp -r "$DEV/lzcache/." "$WORK/lzcache/"; }
+# Caches too big for one call uncompressed travel as $DEV/lzcache-*.tar.xz: the embedded chats (sft, distill-instruct,
+# the held-out chats) are 102 MB, 19 MB as
+#   tar --exclude='cache-*' -C ~/.cache/linzoo/data -cJf .dev/lzcache-chat.tar.xz embedded-chat-v2
+for f in "$DEV"/lzcache-*.tar.xz; do
+  [ -f "$f" ] && mkdir -p "$WORK/lzcache/data" && tar -xJf "$f" -C "$WORK/lzcache/data" --skip-old-files
+done
 # The long corpus (--dataset long) travels as its xz bundle in .dev/corpus (scripts/corpus_bundle.py export).
 [ -d "$DEV/corpus" ] && export LINZOO_CORPUS_DIR=$DEV/corpus
 cd "$WORK/work"  # outside the checkout: its linzoo/ folder would shadow the installed package
