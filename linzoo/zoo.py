@@ -501,6 +501,8 @@ class Build:
             self.say(f"{n} done in {took:.0f} s, est. left {duration(self.seconds_left())}")
         else:
             self.say(f"{n} {'FAILED: ' if status == 'failed' else ''}{why}")
+        from linzoo.zoo_report import write_report
+
         write_report(self.zoo, self.steps, self.out, self.state, self.status_of)
 
     def status_of(self, step: Step) -> str:
@@ -565,6 +567,8 @@ class Build:
                 time.sleep(0.2)
         finally:
             self.stop_all()
+            from linzoo.zoo_report import write_report
+
             write_report(self.zoo, self.steps, self.out, self.state, self.status_of)
         failed = [s.name for s in self.steps if self.status_of(s) != "done"]
         if failed:
@@ -578,227 +582,6 @@ class Build:
 def last_line(log: Path) -> str:
     lines = [line.strip() for line in log.read_text(errors="replace").splitlines()[-40:] if line.strip()]
     return lines[-1][:300] if lines else "(no output)"
-
-
-# ---------------------------------------------------------------------------------------------- report
-
-
-def niah_headline(r: dict) -> dict:
-    out = {"by_length": {n: [a, r["mean_by_length_se"][n]] for n, a in r["mean_by_length"].items()},
-           "overall": [r["overall"], r["overall_se"]]}
-    if "key_logprob" in r:  # the key's teacher-forced log-probability (nats): how near a miss came
-        out["key_logprob"] = [r["key_logprob"], r["key_logprob_se"]]
-    return out
-
-
-def quality_headline(r: dict) -> dict:
-    above = r.get("recovery_above_chance") or {}
-    keys = ("perplexity", "teacher_perplexity", "kl_to_teacher", "chat_perplexity", "chat_teacher_perplexity",
-            "chat_kl_to_teacher")
-    return {"recovery_above_chance": [above.get("average"), (above.get("stderr") or {}).get("average")],
-            **{k: r.get(k) for k in keys}}
-
-
-def instruct_headline(r: dict) -> dict:
-    return {"accuracy": [r["accuracy"], r["accuracy_se"]], "stop_rate": [r["stop_rate"], r["stop_rate_se"]]}
-
-
-# eval -> its headline numbers in the zoo's report; an eval not listed is reported as measured or not
-HEADLINES = {"niah": niah_headline, "quality": quality_headline, "instruct": instruct_headline}
-
-
-def report_rows(zoo: Zoo, steps: list[Step], state: dict, status_of=None) -> list[dict]:
-    """One dict per step: what it is, its state, its seconds, and each eval's headline numbers (None: not measured)."""
-    from linzoo.evals.registry import get_eval
-
-    rows = []
-    for s in steps:
-        records = state["steps"].get(s.name, {})
-        row = {"step": s.name, "mixer": s.mixer, "variant": s.variant,
-               "parent": s.parent or ("teacher" if s.train else None), "folder": str(s.folder),
-               "seconds": round(sum(r.get("seconds", 0) for r in records.values())),
-               "state": status_of(s) if status_of else "done" if all(is_done(s, c, state) for c in s.commands)
-               else "to do", "evals": {}}
-        for e, cmd in zip(zoo.evals, s.evals):
-            data = get_eval(e.eval).read(cmd.output)
-            row["evals"][e.label] = None if data is None else HEADLINES.get(e.eval, lambda r: {})(data)
-        rows.append(row)
-    teacher = rows[0]["evals"]  # perplexity against the teacher row's own, where measured
-    for row in rows:
-        for label, h in row["evals"].items():
-            if h and "perplexity" in h:
-                base = (teacher.get(label) or {}).get("perplexity") or h.get("teacher_perplexity")
-                h["perplexity_ratio"] = h["perplexity"] / base if h["perplexity"] and base else None
-            if h and "accuracy" in h and label in teacher and teacher[label]:
-                t = teacher[label]["accuracy"][0]
-                h["of_teacher"] = h["accuracy"][0] / t if t else None
-        row["targets"] = check_targets(zoo.targets.get(row["variant"], {}), row["evals"], teacher)
-    return rows
-
-
-def check_targets(targets: dict, evals: dict, teacher: dict) -> list[dict]:
-    """Each target of a row's variant against its numbers: {"target", "value", "held"} (held None: not measured)."""
-    out = []
-    for label, t in targets.items():
-        h, th = evals.get(label), teacher.get(label)
-        for measure, want in t.items():
-            if measure == "at":
-                continue
-            if measure == "of_teacher" and "at" in t:  # NIAH: each length against the teacher's at that length
-                for n in map(str, t["at"]):
-                    got = h and h["by_length"].get(n, [None])[0]
-                    ref = th and th["by_length"].get(n, [None])[0]
-                    need = None if ref is None else want * ref
-                    out.append({"target": f"{label} at {n} >= {want:g} x teacher ({_num(ref)})",
-                                "value": got, "held": None if got is None or need is None else got >= need - 1e-9})
-            elif measure == "of_teacher":
-                got = h and h.get("of_teacher")
-                out.append({"target": f"{label} >= {want:g} x teacher", "value": got,
-                            "held": None if got is None else got >= want - 1e-9})
-            elif measure == "perplexity_ratio":
-                got = h and h.get("perplexity_ratio")
-                out.append({"target": f"{label} perplexity <= {want:g} x teacher", "value": got,
-                            "held": None if got is None else got <= want + 1e-9})
-            elif measure == "stop_rate":
-                got = h and h["stop_rate"][0]
-                out.append({"target": f"{label} EOS stop >= {want:g}", "value": got,
-                            "held": None if got is None else got >= want - 1e-9})
-    return out
-
-
-def _num(x) -> str:
-    return "—" if x is None else f"{x:.2f}"
-
-
-def _pm(pair, spec=".2f") -> str:
-    value, se = pair
-    return "—" if value is None else format(value, spec) + ("" if se is None else f"±{se:{spec}}")
-
-
-def write_report(zoo: Zoo, steps: list[Step], out, state: dict, status_of=None) -> list[dict]:
-    """<out>/zoo.json (the rows), zoo.md (the table) and zoo.png (the figure)."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    rows = report_rows(zoo, steps, state, status_of)
-    report = {"schema": "linzoo.zoo/v1", "zoo_file": zoo.path, "teacher": zoo.teacher,
-              "written": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows}
-    write_json(out / "zoo.json", report)
-    (out / "zoo.md").write_text(markdown(zoo, rows))  # the table of zoo.json: written again after every step
-    figure(rows, out / "zoo.png")
-    return rows
-
-
-def markdown(zoo: Zoo, rows: list[dict]) -> str:
-    heads, cells = [], [[] for _ in rows]
-    for e in zoo.evals:  # by what its headline holds (HEADLINES)
-        kind = [row["evals"].get(e.label) for row in rows]
-        shape = next((h for h in kind if h), {})
-        if "by_length" in shape:
-            lengths = list(dict.fromkeys(n for h in kind if h for n in h["by_length"]))
-            heads.append(f"{e.label} by length ({' / '.join(lengths) or 'lengths'})")
-            for c, h in zip(cells, kind):
-                c.append(" / ".join(_pm(h["by_length"].get(n, (None, None))) for n in lengths) if h else "—")
-            if "key_logprob" in shape:
-                heads.append(f"{e.label}: key log-prob (nats)")
-                for c, h in zip(cells, kind):
-                    c.append(_pm(h["key_logprob"], ".1f") if h and "key_logprob" in h else "—")
-        elif "recovery_above_chance" in shape:
-            heads += [f"{e.label}: recovery above chance %", f"{e.label}: perplexity × teacher", f"{e.label}: KL"]
-            chats = any(h and h.get("chat_perplexity") for h in kind)
-            if chats:
-                heads += [f"{e.label}: chat perplexity (answers)", f"{e.label}: chat KL"]
-            for c, h, row in zip(cells, kind, rows):
-                teacher = row["step"] == "teacher"
-                c.append("(the reference)" if teacher and h else _pm(h["recovery_above_chance"], ".1f") if h else "—")
-                ratio = h and h.get("perplexity_ratio")
-                c.append(f"{ratio:.2f} ({h['perplexity']:.1f})" if ratio else "—")
-                c.append(f"{h['kl_to_teacher']:.3f}" if h and h.get("kl_to_teacher") is not None else "—")
-                if chats:
-                    c.append(f"{h['chat_perplexity']:.2f}" if h and h.get("chat_perplexity") else "—")
-                    c.append(f"{h['chat_kl_to_teacher']:.3f}" if h and h.get("chat_kl_to_teacher") is not None else "—")
-        elif "stop_rate" in shape:
-            heads += [f"{e.label}: accuracy (× teacher)", f"{e.label}: EOS stop"]
-            for c, h in zip(cells, kind):
-                ratio = h and h.get("of_teacher")
-                c.append(_pm(h["accuracy"]) + (f" ({ratio:.2f})" if ratio is not None else "") if h else "—")
-                c.append(_pm(h["stop_rate"]) if h else "—")
-        else:
-            heads.append(e.label)
-            for c, h in zip(cells, kind):
-                c.append("measured" if h is not None else "—")
-    done = sum(r["state"] == "done" for r in rows)
-    lines = [f"# The zoo of `{zoo.path}`", "",
-             f"Teacher `{zoo.teacher}`; {done} of {len(rows)} steps done ({time.strftime('%Y-%m-%d %H:%M')}). "
-             "NIAH: accuracy ± binomial standard error; recovery above chance: (s − c) / (t − c) over the tasks "
-             "where the teacher is clearly above chance, ± its standard error; perplexity on held-out text over "
-             "the teacher's (the student's own in brackets).", "",
-             "| model | parent | state | time | " + " | ".join(heads) + " | targets |", "|---" * (5 + len(heads)) + "|"]
-    for row, c in zip(rows, cells):
-        name = f"teacher `{zoo.teacher}`" if row["step"] == "teacher" else row["step"]
-        took = duration(row["seconds"]) if row["seconds"] else "—"
-        lines.append(f"| {name} | {row['parent'] or ''} | {row['state']} | {took} | " + " | ".join(c)
-                     + f" | {targets_cell(row.get('targets') or [])} |")
-    if zoo.targets:
-        lines += ["", "Targets (the zoo file's `targets`, per variant): "
-                  + "; ".join(f"{v}: " + ", ".join(f"{label} {', '.join(f'{k} {w}' for k, w in t.items())}"
-                                                  for label, t in checks.items()) for v, checks in zoo.targets.items())]
-    return "\n".join(lines) + "\n"
-
-
-def targets_cell(targets: list[dict]) -> str:
-    if not targets:
-        return ""
-    missed = [f"{t['target']}: {_num(t['value'])}" for t in targets if t["held"] is False]
-    unknown = sum(t["held"] is None for t in targets)
-    if missed:
-        return "**missed** " + "; ".join(missed) + (f" ({unknown} not measured)" if unknown else "")
-    return "all held" if not unknown else f"{len(targets) - unknown} held, {unknown} not measured"
-
-
-def figure(rows: list[dict], path: Path):
-    """Per mixer (groups) × variant (bars): each NIAH eval's overall accuracy and each quality eval's recovery above
-    chance, with error bars; the teacher as a dashed line."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    teacher, students = rows[0], [r for r in rows if r["mixer"]]
-    panels = []  # (label, key, what, teacher's value)
-    for label in dict.fromkeys(label for r in students for label in r["evals"]):
-        th = teacher["evals"].get(label)
-        kind = next((x["evals"][label] for x in rows if x["evals"].get(label)), None) or {}
-        if "overall" in kind:
-            panels.append((label, "overall", f"{label}: overall accuracy", th and th["overall"][0]))
-        elif "recovery_above_chance" in kind:
-            panels.append((label, "recovery_above_chance", f"{label}: recovery above chance %", 100.0))
-        elif "accuracy" in kind:
-            panels.append((label, "accuracy", f"{label}: accuracy", th and th["accuracy"][0]))
-    mixers = list(dict.fromkeys(r["mixer"] for r in students))
-    variants = list(dict.fromkeys(r["variant"] for r in students))
-    fig = Figure(figsize=(max(6.0, 1.1 * len(mixers) + 3), 2.8 * max(1, len(panels))))
-    FigureCanvasAgg(fig)
-    width = 0.8 / max(1, len(variants))
-    for k, (label, key, title, line) in enumerate(panels):
-        ax = fig.add_subplot(len(panels), 1, k + 1)
-        for j, variant in enumerate(variants):
-            xs, ys, es = [], [], []
-            for i, mixer in enumerate(mixers):
-                h = next((r["evals"].get(label) for r in students if (r["mixer"], r["variant"]) == (mixer, variant)),
-                         None)
-                measured = h and h[key][0] is not None  # NaN: no bar, but the legend keeps the variant's colour
-                xs.append(i + (j - (len(variants) - 1) / 2) * width)
-                ys.append(h[key][0] if measured else math.nan)
-                es.append((h[key][1] or 0.0) if measured else 0.0)
-            ax.bar(xs, ys, width, yerr=es, capsize=2, label=variant, color=f"C{j}")
-        if line is not None:
-            ax.axhline(line, color="black", linestyle="--", linewidth=1, label="teacher")
-        ax.set_xticks(range(len(mixers)), mixers, fontsize=8)
-        ax.set_xlim(-0.5, len(mixers) - 0.5)
-        ax.set_title(title, fontsize=10)
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    if not panels:
-        fig.text(0.5, 0.5, "nothing measured yet", ha="center")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
 
 
 # ------------------------------------------------------------------------------------------------- CLI

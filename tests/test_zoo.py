@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from linzoo import zoo
+from linzoo import zoo, zoo_report
 
 ESTIMATE = {"tokens_per_second": {"linearize": 60, "sft": 300, "distill-instruct": 150}, "start_seconds": 10,
             "eval_seconds": {"niah": 30}}
@@ -227,7 +227,7 @@ def test_report_writers_on_hand_made_results(tmp_path):
                 (s.folder / "eval" / name).write_text(json.dumps(data))
     state = {"steps": {"gated_deltanet/base": {"train": {"seconds": 300.0, "rc": 0},
                                                "card": {"seconds": 5.0, "rc": 0}}}}
-    rows = zoo.write_report(config, steps, out, state, status_of=lambda s: "done" if s.name in made else "to do")
+    rows = zoo_report.write_report(config, steps, out, state, status_of=lambda s: "done" if s.name in made else "to do")
     md = (out / "zoo.md").read_text()
     table = [line for line in md.splitlines() if line.startswith("| ")]
     assert table[0] == ("| model | parent | state | time | niah by length (256 / 512) | niah: key log-prob (nats) "
@@ -254,7 +254,7 @@ def test_report_writers_on_hand_made_results(tmp_path):
 
     with Image.open(out / "zoo.png") as image:
         assert image.size[0] > 500 and image.size[1] > 600  # three panels: NIAH, recovery, instruction answers
-    zoo.figure(zoo.report_rows(config, steps[:1], {"steps": {}}), tmp_path / "empty.png")  # nothing to plot: fine
+    zoo_report.figure(zoo_report.report_rows(config, steps[:1], {"steps": {}}), tmp_path / "empty.png")  # nothing to plot: fine
     assert (tmp_path / "empty.png").is_file()
 
 
@@ -323,3 +323,31 @@ def test_the_shipped_zoo_files_plan_every_mixer_and_their_commands_parse(name, t
         parsed = parse_config(types[step.train.command], [*argv, "--bf16", "false"])
         assert parsed[0].total_tokens == config.variants[step.variant].tokens
     assert {c.label for s in steps[1:5] for c in s.evals} == {f"eval {e.label}" for e in config.evals}
+
+
+def _row(mixer, variant, **evals):
+    return {"step": f"{mixer}/{variant}", "mixer": mixer, "variant": variant, "evals": evals}
+
+
+def test_the_papers_claims_read_off_hand_made_rows():
+    """Each claim from the rows that measure it: a difference beyond two standard errors holds or fails, a smaller one
+    or missing rows cannot tell; the NIAH claim falls back on the key's log-probability where every row is at 0."""
+    q = lambda v, se=1.0: {"recovery_above_chance": [v, se]}  # noqa: E731
+    n = lambda overall, lp=None: {"overall": [overall, 0.05], **({"key_logprob": [lp, 0.2]} if lp else {})}  # noqa: E731
+    i = lambda acc: {"accuracy": [acc, 0.03]}  # noqa: E731
+    rows = [{"step": "teacher", "mixer": None, "variant": None, "evals": {}}]
+    for m, rec, lp in (("gla", 40, -5.0), ("gated_deltanet", 44, -2.0), ("kda", 42, -4.5), ("linear_attn", 20, -6.0),
+                       ("deltanet", 24, -3.0)):
+        rows.append(_row(m, "base-pure", quality=q(rec), niah=n(0.0, lp)))
+    for m, base, inst, acc, dist_acc, chat, dist_chat in (("gla", 50, 40, 0.80, 0.82, 0.9, 0.4),
+                                                           ("gated_deltanet", 52, 60, 0.85, 0.84, 0.9, 0.9)):
+        rows.append(_row(m, "base", quality=q(base)))
+        rows.append(_row(m, "instruct", quality=q(inst), instruct=i(acc), **{"niah/chat": n(chat)}))
+        rows.append(_row(m, "instruct-distilled", instruct=i(dist_acc), **{"niah/chat": n(dist_chat)}))
+    verdicts = {c["claim"].split(" (")[0]: (c["verdict"], c["numbers"]) for c in zoo_report.claims(rows)}
+    gated, gdn, widen, distil = verdicts.values()
+    assert gated[0] == "holds" and "gated (gla, gated_deltanet, kda) 42.0±0.6 % vs not gated" in gated[1]
+    assert gdn[0] == "holds" and "key log-probability" in gdn[1] and "the best other (deltanet) -3.00" in gdn[1]
+    assert widen[0] == "holds" and "base 2.0±1.4 points over 2 mixers, instruct 20.0±1.4" in widen[1]
+    assert distil[0] == "holds" and "gla niah/chat 0.90 -> 0.40" in distil[1] and "gla +0.02±0.04" in distil[1]
+    assert [c["verdict"] for c in zoo_report.claims(rows[:1])] == ["cannot tell at this budget"] * 4

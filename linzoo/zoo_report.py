@@ -1,0 +1,337 @@
+"""The zoo's report (`linzoo zoo`): one row per step with each eval's headline numbers and its variant's targets,
+as `<out>/zoo.json`, the table `zoo.md` (with the paper's claims, read off the rows that measure them) and the figure
+`zoo.png`. Written after every step of a build, and on its own by `linzoo zoo --report-only`."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+from linzoo.integrity import write_json
+from linzoo.zoo import Step, Zoo, duration, is_done
+
+def niah_headline(r: dict) -> dict:
+    out = {"by_length": {n: [a, r["mean_by_length_se"][n]] for n, a in r["mean_by_length"].items()},
+           "overall": [r["overall"], r["overall_se"]]}
+    if "key_logprob" in r:  # the key's teacher-forced log-probability (nats): how near a miss came
+        out["key_logprob"] = [r["key_logprob"], r["key_logprob_se"]]
+    return out
+
+
+def quality_headline(r: dict) -> dict:
+    above = r.get("recovery_above_chance") or {}
+    keys = ("perplexity", "teacher_perplexity", "kl_to_teacher", "chat_perplexity", "chat_teacher_perplexity",
+            "chat_kl_to_teacher")
+    return {"recovery_above_chance": [above.get("average"), (above.get("stderr") or {}).get("average")],
+            **{k: r.get(k) for k in keys}}
+
+
+def instruct_headline(r: dict) -> dict:
+    return {"accuracy": [r["accuracy"], r["accuracy_se"]], "stop_rate": [r["stop_rate"], r["stop_rate_se"]]}
+
+
+# eval -> its headline numbers in the zoo's report; an eval not listed is reported as measured or not
+HEADLINES = {"niah": niah_headline, "quality": quality_headline, "instruct": instruct_headline}
+
+
+def report_rows(zoo: Zoo, steps: list[Step], state: dict, status_of=None) -> list[dict]:
+    """One dict per step: what it is, its state, its seconds, and each eval's headline numbers (None: not measured)."""
+    from linzoo.evals.registry import get_eval
+
+    rows = []
+    for s in steps:
+        records = state["steps"].get(s.name, {})
+        row = {"step": s.name, "mixer": s.mixer, "variant": s.variant,
+               "parent": s.parent or ("teacher" if s.train else None), "folder": str(s.folder),
+               "seconds": round(sum(r.get("seconds", 0) for r in records.values())),
+               "state": status_of(s) if status_of else "done" if all(is_done(s, c, state) for c in s.commands)
+               else "to do", "evals": {}}
+        for e, cmd in zip(zoo.evals, s.evals):
+            data = get_eval(e.eval).read(cmd.output)
+            row["evals"][e.label] = None if data is None else HEADLINES.get(e.eval, lambda r: {})(data)
+        rows.append(row)
+    teacher = rows[0]["evals"]  # perplexity against the teacher row's own, where measured
+    for row in rows:
+        for label, h in row["evals"].items():
+            if h and "perplexity" in h:
+                base = (teacher.get(label) or {}).get("perplexity") or h.get("teacher_perplexity")
+                h["perplexity_ratio"] = h["perplexity"] / base if h["perplexity"] and base else None
+            if h and "accuracy" in h and label in teacher and teacher[label]:
+                t = teacher[label]["accuracy"][0]
+                h["of_teacher"] = h["accuracy"][0] / t if t else None
+        row["targets"] = check_targets(zoo.targets.get(row["variant"], {}), row["evals"], teacher)
+    return rows
+
+
+def check_targets(targets: dict, evals: dict, teacher: dict) -> list[dict]:
+    """Each target of a row's variant against its numbers: {"target", "value", "held"} (held None: not measured)."""
+    out = []
+    for label, t in targets.items():
+        h, th = evals.get(label), teacher.get(label)
+        for measure, want in t.items():
+            if measure == "at":
+                continue
+            if measure == "of_teacher" and "at" in t:  # NIAH: each length against the teacher's at that length
+                for n in map(str, t["at"]):
+                    got = h and h["by_length"].get(n, [None])[0]
+                    ref = th and th["by_length"].get(n, [None])[0]
+                    need = None if ref is None else want * ref
+                    out.append({"target": f"{label} at {n} >= {want:g} x teacher ({_num(ref)})",
+                                "value": got, "held": None if got is None or need is None else got >= need - 1e-9})
+            elif measure == "of_teacher":
+                got = h and h.get("of_teacher")
+                out.append({"target": f"{label} >= {want:g} x teacher", "value": got,
+                            "held": None if got is None else got >= want - 1e-9})
+            elif measure == "perplexity_ratio":
+                got = h and h.get("perplexity_ratio")
+                out.append({"target": f"{label} perplexity <= {want:g} x teacher", "value": got,
+                            "held": None if got is None else got <= want + 1e-9})
+            elif measure == "stop_rate":
+                got = h and h["stop_rate"][0]
+                out.append({"target": f"{label} EOS stop >= {want:g}", "value": got,
+                            "held": None if got is None else got >= want - 1e-9})
+    return out
+
+
+def _num(x) -> str:
+    return "—" if x is None else f"{x:.2f}"
+
+
+def _pm(pair, spec=".2f") -> str:
+    value, se = pair
+    return "—" if value is None else format(value, spec) + ("" if se is None else f"±{se:{spec}}")
+
+
+def write_report(zoo: Zoo, steps: list[Step], out, state: dict, status_of=None) -> list[dict]:
+    """<out>/zoo.json (the rows), zoo.md (the table) and zoo.png (the figure)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = report_rows(zoo, steps, state, status_of)
+    report = {"schema": "linzoo.zoo/v1", "zoo_file": zoo.path, "teacher": zoo.teacher,
+              "written": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows, "claims": claims(rows)}
+    write_json(out / "zoo.json", report)
+    (out / "zoo.md").write_text(markdown(zoo, rows))  # the table of zoo.json: written again after every step
+    figure(rows, out / "zoo.png")
+    return rows
+
+
+def markdown(zoo: Zoo, rows: list[dict]) -> str:
+    heads, cells = [], [[] for _ in rows]
+    for e in zoo.evals:  # by what its headline holds (HEADLINES)
+        kind = [row["evals"].get(e.label) for row in rows]
+        shape = next((h for h in kind if h), {})
+        if "by_length" in shape:
+            lengths = list(dict.fromkeys(n for h in kind if h for n in h["by_length"]))
+            heads.append(f"{e.label} by length ({' / '.join(lengths) or 'lengths'})")
+            for c, h in zip(cells, kind):
+                c.append(" / ".join(_pm(h["by_length"].get(n, (None, None))) for n in lengths) if h else "—")
+            if "key_logprob" in shape:
+                heads.append(f"{e.label}: key log-prob (nats)")
+                for c, h in zip(cells, kind):
+                    c.append(_pm(h["key_logprob"], ".1f") if h and "key_logprob" in h else "—")
+        elif "recovery_above_chance" in shape:
+            heads += [f"{e.label}: recovery above chance %", f"{e.label}: perplexity × teacher", f"{e.label}: KL"]
+            chats = any(h and h.get("chat_perplexity") for h in kind)
+            if chats:
+                heads += [f"{e.label}: chat perplexity (answers)", f"{e.label}: chat KL"]
+            for c, h, row in zip(cells, kind, rows):
+                teacher = row["step"] == "teacher"
+                c.append("(the reference)" if teacher and h else _pm(h["recovery_above_chance"], ".1f") if h else "—")
+                ratio = h and h.get("perplexity_ratio")
+                c.append(f"{ratio:.2f} ({h['perplexity']:.1f})" if ratio else "—")
+                c.append(f"{h['kl_to_teacher']:.3f}" if h and h.get("kl_to_teacher") is not None else "—")
+                if chats:
+                    c.append(f"{h['chat_perplexity']:.2f}" if h and h.get("chat_perplexity") else "—")
+                    c.append(f"{h['chat_kl_to_teacher']:.3f}" if h and h.get("chat_kl_to_teacher") is not None else "—")
+        elif "stop_rate" in shape:
+            heads += [f"{e.label}: accuracy (× teacher)", f"{e.label}: EOS stop"]
+            for c, h in zip(cells, kind):
+                ratio = h and h.get("of_teacher")
+                c.append(_pm(h["accuracy"]) + (f" ({ratio:.2f})" if ratio is not None else "") if h else "—")
+                c.append(_pm(h["stop_rate"]) if h else "—")
+        else:
+            heads.append(e.label)
+            for c, h in zip(cells, kind):
+                c.append("measured" if h is not None else "—")
+    done = sum(r["state"] == "done" for r in rows)
+    lines = [f"# The zoo of `{zoo.path}`", "",
+             f"Teacher `{zoo.teacher}`; {done} of {len(rows)} steps done ({time.strftime('%Y-%m-%d %H:%M')}). "
+             "NIAH: accuracy ± binomial standard error; recovery above chance: (s − c) / (t − c) over the tasks "
+             "where the teacher is clearly above chance, ± its standard error; perplexity on held-out text over "
+             "the teacher's (the student's own in brackets).", "",
+             "| model | parent | state | time | " + " | ".join(heads) + " | targets |", "|---" * (5 + len(heads)) + "|"]
+    for row, c in zip(rows, cells):
+        name = f"teacher `{zoo.teacher}`" if row["step"] == "teacher" else row["step"]
+        took = duration(row["seconds"]) if row["seconds"] else "—"
+        lines.append(f"| {name} | {row['parent'] or ''} | {row['state']} | {took} | " + " | ".join(c)
+                     + f" | {targets_cell(row.get('targets') or [])} |")
+    if zoo.targets:
+        lines += ["", "Targets (the zoo file's `targets`, per variant): "
+                  + "; ".join(f"{v}: " + ", ".join(f"{label} {', '.join(f'{k} {w}' for k, w in t.items())}"
+                                                  for label, t in checks.items()) for v, checks in zoo.targets.items())]
+    lines += ["", "## The paper's claims at this budget", "",
+              f"Each read off the rows that measure it; a difference counts beyond {Z:g} standard errors.", ""]
+    lines += [f"- **{c['claim']}**: {c['verdict']} ({c['numbers']})" for c in claims(rows)]
+    return "\n".join(lines) + "\n"
+
+
+def targets_cell(targets: list[dict]) -> str:
+    if not targets:
+        return ""
+    missed = [f"{t['target']}: {_num(t['value'])}" for t in targets if t["held"] is False]
+    unknown = sum(t["held"] is None for t in targets)
+    if missed:
+        return "**missed** " + "; ".join(missed) + (f" ({unknown} not measured)" if unknown else "")
+    return "all held" if not unknown else f"{len(targets) - unknown} held, {unknown} not measured"
+
+
+def figure(rows: list[dict], path: Path):
+    """Per mixer (groups) × variant (bars): each NIAH eval's overall accuracy and each quality eval's recovery above
+    chance, with error bars; the teacher as a dashed line."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    teacher, students = rows[0], [r for r in rows if r["mixer"]]
+    panels = []  # (label, key, what, teacher's value)
+    for label in dict.fromkeys(label for r in students for label in r["evals"]):
+        th = teacher["evals"].get(label)
+        kind = next((x["evals"][label] for x in rows if x["evals"].get(label)), None) or {}
+        if "overall" in kind:
+            panels.append((label, "overall", f"{label}: overall accuracy", th and th["overall"][0]))
+        elif "recovery_above_chance" in kind:
+            panels.append((label, "recovery_above_chance", f"{label}: recovery above chance %", 100.0))
+        elif "accuracy" in kind:
+            panels.append((label, "accuracy", f"{label}: accuracy", th and th["accuracy"][0]))
+    mixers = list(dict.fromkeys(r["mixer"] for r in students))
+    variants = list(dict.fromkeys(r["variant"] for r in students))
+    fig = Figure(figsize=(max(6.0, 1.1 * len(mixers) + 3), 2.8 * max(1, len(panels))))
+    FigureCanvasAgg(fig)
+    width = 0.8 / max(1, len(variants))
+    for k, (label, key, title, line) in enumerate(panels):
+        ax = fig.add_subplot(len(panels), 1, k + 1)
+        for j, variant in enumerate(variants):
+            xs, ys, es = [], [], []
+            for i, mixer in enumerate(mixers):
+                h = next((r["evals"].get(label) for r in students if (r["mixer"], r["variant"]) == (mixer, variant)),
+                         None)
+                measured = h and h[key][0] is not None  # NaN: no bar, but the legend keeps the variant's colour
+                xs.append(i + (j - (len(variants) - 1) / 2) * width)
+                ys.append(h[key][0] if measured else math.nan)
+                es.append((h[key][1] or 0.0) if measured else 0.0)
+            ax.bar(xs, ys, width, yerr=es, capsize=2, label=variant, color=f"C{j}")
+        if line is not None:
+            ax.axhline(line, color="black", linestyle="--", linewidth=1, label="teacher")
+        ax.set_xticks(range(len(mixers)), mixers, fontsize=8)
+        ax.set_xlim(-0.5, len(mixers) - 0.5)
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    if not panels:
+        fig.text(0.5, 0.5, "nothing measured yet", ha="center")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+
+
+# ------------------------------------------------------------------------------------------------ claims
+
+# The mixers whose state decays by a gate computed from the input (GLA, Gated DeltaNet, KDA, xLSTM's mLSTM, Mamba-2)
+# and those without one (Linear Attention, DeltaNet; RetNet's decay is a fixed number per head, not a gate).
+GATED = ("gla", "gated_deltanet", "kda", "xlstm", "mamba2")
+NOT_GATED = ("linear_attn", "deltanet", "retnet")
+Z = 2.0  # a difference counts when it exceeds twice its standard error
+
+
+def _verdict(diff: float, se: float) -> str:
+    return "holds" if diff > Z * se else "does not hold" if diff < -Z * se else "cannot tell at this budget"
+
+
+def _value(row: dict, label_kind: str, key: str):
+    """(value, se) of the first eval of `row` whose headline has `key` and whose label starts with `label_kind`."""
+    for label, h in row["evals"].items():
+        if h and label.split("/")[0] == label_kind and key in h and h[key][0] is not None:
+            return h[key][0], h[key][1] or 0.0
+    return None
+
+
+def _mean(pairs):
+    return sum(v for v, _ in pairs) / len(pairs), math.sqrt(sum(s * s for _, s in pairs)) / len(pairs)
+
+
+def claims(rows: list[dict]) -> list[dict]:
+    """The paper's four claims at this budget, each read off the rows that measure it: {"claim", "verdict",
+    "numbers"}. A difference holds or fails beyond twice its standard error; otherwise, or with rows missing, "cannot
+    tell at this budget"."""
+    by = {(r["mixer"], r["variant"]): r for r in rows if r["mixer"]}
+    out = []
+
+    def measured(variant, kind, key):
+        return {m: v for (m, var), r in by.items() if var == variant and (v := _value(r, kind, key)) is not None}
+
+    # 1. gated beat non-gated: the pure students' recovery above chance
+    rec = measured("base-pure", "quality", "recovery_above_chance")
+    gated, plain = [rec[m] for m in GATED if m in rec], [rec[m] for m in NOT_GATED if m in rec]
+    claim = "Gated mixers beat non-gated ones (pure base rows, recovery above chance)"
+    if gated and plain:
+        (g, gse), (p, pse) = _mean(gated), _mean(plain)
+        out.append({"claim": claim, "verdict": _verdict(g - p, math.hypot(gse, pse)),
+                    "numbers": f"gated ({', '.join(m for m in GATED if m in rec)}) {g:.1f}±{gse:.1f} % vs not gated "
+                               f"({', '.join(m for m in NOT_GATED if m in rec)}) {p:.1f}±{pse:.1f} %"})
+    else:
+        out.append({"claim": claim, "verdict": "cannot tell at this budget", "numbers": "pure base rows not measured"})
+    # 2. Gated DeltaNet retrieves best: the pure students' NIAH, or the key's log-probability where every one is at 0
+    claim = "Gated DeltaNet retrieves best (pure base rows: NIAH, the key's log-probability where all are at 0)"
+    niah = measured("base-pure", "niah", "overall")
+    key, what = (niah, "NIAH overall accuracy") if any(v for v, _ in niah.values()) else \
+        (measured("base-pure", "niah", "key_logprob"), "key log-probability (nats; NIAH is 0 for all)")
+    if "gated_deltanet" in key and len(key) > 1:
+        best_other = max((m for m in key if m != "gated_deltanet"), key=lambda m: key[m][0])
+        (a, ase), (b, bse) = key["gated_deltanet"], key[best_other]
+        out.append({"claim": claim, "verdict": _verdict(a - b, math.hypot(ase, bse)),
+                    "numbers": f"{what}: gated_deltanet {a:.2f}±{ase:.2f}, the best other ({best_other}) "
+                               f"{b:.2f}±{bse:.2f}"})
+    else:
+        out.append({"claim": claim, "verdict": "cannot tell at this budget",
+                    "numbers": "the pure Gated DeltaNet row or every other pure row not measured"})
+    # 3. instruction tuning widens the gaps between mixers: the spread of recovery above chance, base vs instruct
+    claim = "Instruction tuning widens the gaps (hybrid rows: spread of recovery above chance across mixers)"
+    spreads = {}
+    for variant in ("base", "instruct"):
+        vals = measured(variant, "quality", "recovery_above_chance")
+        if len(vals) >= 2:
+            hi, lo = max(vals.values()), min(vals.values())
+            spreads[variant] = (hi[0] - lo[0], math.hypot(hi[1], lo[1]), len(vals))
+    if len(spreads) == 2:
+        (b, bse, nb), (i, ise, ni) = spreads["base"], spreads["instruct"]
+        out.append({"claim": claim, "verdict": _verdict(i - b, math.hypot(bse, ise)),
+                    "numbers": f"spread (best - worst mixer) base {b:.1f}±{bse:.1f} points over {nb} mixers, instruct "
+                               f"{i:.1f}±{ise:.1f} over {ni}"})
+    else:
+        out.append({"claim": claim, "verdict": "cannot tell at this budget",
+                    "numbers": "fewer than two mixers measured as base and as instruct"})
+    # 4. instruction-aware distillation: no consistent gain, and it can hurt retrieval
+    claim = "Instruction-aware distillation gives no consistent gain and can hurt retrieval (instruct vs distilled)"
+    gains, hurt = [], []
+    for m in sorted({m for m, v in by if v == "instruct"} & {m for m, v in by if v == "instruct-distilled"}):
+        a, b = by[(m, "instruct")], by[(m, "instruct-distilled")]
+        acc = (_value(a, "instruct", "accuracy"), _value(b, "instruct", "accuracy"))
+        if None not in acc:
+            gains.append((m, acc[1][0] - acc[0][0], math.hypot(acc[0][1], acc[1][1])))
+        for label in a["evals"]:
+            x, y = a["evals"].get(label), b["evals"].get(label)
+            if x and y and "overall" in x and "overall" in y:
+                d, se = y["overall"][0] - x["overall"][0], math.hypot(x["overall"][1] or 0, y["overall"][1] or 0)
+                if d < -Z * se:
+                    hurt.append(f"{m} {label} {x['overall'][0]:.2f} -> {y['overall'][0]:.2f}")
+    if gains:
+        consistent = all(d > Z * se for _, d, se in gains)
+        verdict = ("does not hold" if consistent else "holds" if hurt else "cannot tell at this budget")
+        out.append({"claim": claim, "verdict": verdict,
+                    "numbers": "instruction-answer accuracy, distilled - instruct: "
+                               + ", ".join(f"{m} {d:+.2f}±{se:.2f}" for m, d, se in gains)
+                               + ("; retrieval lost: " + "; ".join(hurt) if hurt else "; no NIAH fell beyond 2 SE")})
+    else:
+        out.append({"claim": claim, "verdict": "cannot tell at this budget",
+                    "numbers": "no mixer measured as both instruct and instruct-distilled"})
+    return out
