@@ -286,6 +286,10 @@ def test_dry_zoo_on_the_lent_machine(tiny_teacher_dir, tiny_corpus, tmp_path):
         "estimate": {"tokens_per_second": {"linearize": 100, "sft": 100}, "start_seconds": 5,
                      "eval_seconds": {"niah": 5, "instruct": 5}}}))
     dev = fake_dev(tmp_path, text)
+    packed = tmp_path / "packed" / "extra-cache-v1"  # a cache too big for one call travels as lzcache-*.tar.xz
+    packed.mkdir(parents=True)
+    (packed / "marker.txt").write_text("unpacked")
+    subprocess.run(["tar", "-cJf", str(dev / "lzcache-extra.tar.xz"), "-C", str(packed.parent), packed.name], check=True)
     run = lambda: subprocess.run(  # noqa: E731
         ["bash", str(ROOT / "scripts" / "device_jobs.sh"), "zoo"], cwd=ROOT, capture_output=True, text=True,
         timeout=600, env={**os.environ, "DRY": "1", "ZOO": str(plan), "TEACHER": str(tiny_teacher_dir), "DEV": str(dev),
@@ -304,6 +308,7 @@ def test_dry_zoo_on_the_lent_machine(tiny_teacher_dir, tiny_corpus, tmp_path):
             "teacher/eval/niah.json"} <= names and not any(n.endswith(".safetensors") for n in names)
     rows = json.loads((tmp_path / "out" / "zoo.json").read_text())["rows"]
     assert [r["state"] for r in rows] == ["done"] * 3
+    assert (tmp_path / "work" / "lzcache" / "data" / "extra-cache-v1" / "marker.txt").read_text() == "unpacked"
     again = run()
     assert again.returncode == 0 and "done earlier (skipped)" in again.stdout and " started" not in again.stdout
     real = zoo.read_zoo(ROOT / "recipes" / "135m" / "zoo-gpu.yaml")
