@@ -123,7 +123,7 @@ def linear_core(config, mixer, q, k, v, g, beta, *, initial_state=None, output_f
 
     With `cu_seqlens` (packed sequences, B == 1) the state restarts at every boundary.
     """
-    if use_fast_path(config, mixer, q.device):
+    if use_fast_path(config, mixer, q.device) and mixer.fast_takes(q):
         return mixer.fast_core(q, k, v, g, beta, initial_state=initial_state, output_final_state=output_final_state,
                                cu_seqlens=cu_seqlens)
     kw = dict(delta=mixer.delta, scale=mixer.scale, qk_l2norm=mixer.qk_l2norm)

@@ -213,6 +213,10 @@ class LinearMixer(nn.Module):
         """Calls this mixer's fla kernel (`fns["recurrent"]` for short no-grad decoding, else `fns["chunk"]`)."""
         return fns["recurrent" if recurrent else "chunk"](q, k, v, **common)
 
+    def fast_takes(self, q) -> bool:
+        """Whether the CUDA kernels take inputs like `q`; where not, `kernels.linear_core` runs the torch path."""
+        return True
+
     def fast_core(self, q, k, v, g, beta, *, initial_state=None, output_final_state=False, cu_seqlens=None):
         """The recurrence on the CUDA kernels: exactly what `linear_ops.torch_chunk` computes, same state layout
         [B, H, K, V] in fp32."""

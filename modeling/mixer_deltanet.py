@@ -1,7 +1,9 @@
 """DeltaNet (Schlag et al., 2021; Yang et al., 2024): the delta rule without decay."""
 
+import torch
+
 from .kernels import FastKernels
-from .mixer_base import DeltaRuleMixer
+from .mixer_base import RECURRENT_MAX_LEN, DeltaRuleMixer
 
 
 class DeltaNet(DeltaRuleMixer):
@@ -14,6 +16,12 @@ class DeltaNet(DeltaRuleMixer):
     start_knobs = ("strength",)
     fast_kernels = FastKernels("the deltanet kernels", chunk="fla.ops.delta_rule.chunk_delta_rule",
                                recurrent="fla.ops.delta_rule.fused_recurrent_delta_rule")
+
+    def fast_takes(self, q):
+        """fla's chunked delta rule refuses float32 ("ChunkDeltaRuleFunction does not support float32", an assert in
+        fla.ops.delta_rule.chunk): a float32 prefill or training step (the fitted start on CUDA, `--dtype float32`
+        evals) takes the torch path, which the kernels match; its recurrent decoding step takes float32."""
+        return q.dtype != torch.float32 or (q.shape[1] <= RECURRENT_MAX_LEN and not torch.is_grad_enabled())
 
     def set_start_knobs(self, strength):
         self.start_strength(strength)

@@ -782,6 +782,47 @@ def test_fast_backend_on_cpu_says_what_to_install(mixer):
     assert ("mlstm-kernels" if mixer == "xlstm" else "flash-linear-attention") in message
 
 
+def test_deltanet_float32_prefill_takes_the_torch_path_where_fla_refuses_it(monkeypatch):
+    """fla's chunked delta rule asserts its inputs are not float32 (met on an H100: the fitted start runs the student
+    in float32 and every DeltaNet row of the GPU zoo failed). A float32 prefill or training step of DeltaNet takes the
+    torch path, with the torch path's numbers; bf16 prefills and float32 decoding steps still reach the kernels; other
+    mixers' kernels take float32 as before."""
+    from linzoo.modeling import kernels
+    from linzoo.modeling.mixer_deltanet import DeltaNet
+
+    calls = []
+
+    def chunk(q, *args, **kw):  # fla's assert, then a stand-in result
+        assert q.dtype != torch.float32, "ChunkDeltaRuleFunction does not support float32. Please use bfloat16."
+        calls.append(("chunk", q.dtype))
+        return torch.zeros_like(q), None
+
+    def recurrent(q, *args, **kw):
+        calls.append(("recurrent", q.dtype))
+        return torch.zeros_like(q), None
+
+    monkeypatch.setattr(kernels, "FAST_DEVICE_TYPES", ("cpu",))  # as if this CPU were the card
+    monkeypatch.setattr(DeltaNet.fast_kernels, "_loaded", {"chunk": chunk, "recurrent": recurrent})
+    config = LinzooConfig(**{**TINY, "kernel_backend": "auto"}, mixer="deltanet")
+    layer = DeltaNet(config, 0)
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 80, 2, 8) for _ in range(3))
+    beta = torch.rand(1, 80, 2)
+    o, _ = kernels.linear_core(config, layer, q, k, v, None, beta)
+    want, _ = kernels.torch_core(config, q, k, v, None, beta, delta=True, scale=layer.scale, initial_state=None,
+                                 output_final_state=False, qk_l2norm=layer.qk_l2norm)
+    torch.testing.assert_close(o, want)
+    assert not calls
+    kernels.linear_core(config, layer, q.bfloat16(), k.bfloat16(), v.bfloat16(), None, beta)
+    with torch.no_grad():
+        kernels.linear_core(config, layer, q[:, :1], k[:, :1], v[:, :1], None, beta[:, :1])
+    assert calls == [("chunk", torch.bfloat16), ("recurrent", torch.float32)]
+    from linzoo.modeling.mixer_base import LinearMixer
+    from linzoo.modeling.mixers import MIXER_CLASSES
+
+    assert [n for n, cls in MIXER_CLASSES.items() if cls.fast_takes is not LinearMixer.fast_takes] == ["deltanet"]
+
+
 def test_config_roundtrips_through_dict():
     config = LinzooConfig(**TINY, mixer="kda", attn_layers=[1], teacher="tiny/llama")
     again = LinzooConfig.from_dict(config.to_dict())
