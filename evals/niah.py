@@ -345,15 +345,16 @@ def _key_logprobs(model, tokenizer, samples: list[NiahSample]) -> list[float]:
     batch = tokenizer(texts, return_tensors="pt", padding=True, return_offsets_mapping=True,
                       **_encode_kwargs(samples[0].prompt_format))
     offsets = batch.pop("offset_mapping")
+    scored = (offsets[:, 1:, 1] > torch.tensor([len(s.prompt) for s in samples])[:, None]) \
+        & batch["attention_mask"][:, 1:].bool()  # [B, T - 1]: target t + 1 is an answer token
+    # Left padding puts every answer at the end: only the last `keep` positions' logits are formed (all T of them,
+    # [B, T, vocab] in fp32, were 6 GiB at 16 x 2048 and ran a shared card out of memory).
+    keep = int(scored.shape[1] - scored.float().argmax(1).min()) if scored.any() else 1
     batch = batch.to(model_device(model))
     positions = (batch["attention_mask"].cumsum(-1) - 1).clamp_min(0)  # left padding: each row counts from 0
-    logits = model(**batch, position_ids=positions, use_cache=False).logits.float()
-    logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, batch["input_ids"][:, 1:, None])[..., 0].cpu()
-    out = []
-    for row, (text, s) in enumerate(zip(texts, samples)):
-        answer = (offsets[row, 1:, 1] > len(s.prompt)) & batch["attention_mask"][row, 1:].bool().cpu()
-        out.append(float(logp[row][answer].sum()))
-    return out
+    logits = model(**batch, position_ids=positions, use_cache=False, logits_to_keep=keep + 1).logits[:, :-1]
+    logp = torch.log_softmax(logits.float(), -1).gather(-1, batch["input_ids"][:, -keep:, None])[..., 0].cpu()
+    return [float(logp[row][scored[row, -keep:]].sum()) for row in range(len(samples))]
 
 
 def summarize(hits: dict[tuple[int, float], list[bool]], lengths: list[int], depths: list[float]) -> dict:

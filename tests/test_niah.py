@@ -206,9 +206,12 @@ def test_key_logprob_is_the_answers_teacher_forced_log_probability(tiny_teacher_
     model = AutoModelForCausalLM.from_pretrained(tiny_teacher_dir).eval()
     samples = [niah.build_haystack(tok, None, length, 0.5, variant, seed)
                for length, variant, seed in ((96, "passkey", 1), (160, "passkey", 2), (128, "chat", 3))]
+    widths = []  # the logits formed: the answers' positions only, not [B, T, vocab]
+    model.register_forward_hook(lambda module, args, out: widths.append(out.logits.shape[1]))
     for fmt in ("raw", "chat"):
         group = [s for s in samples if s.prompt_format == fmt]
         got = niah._key_logprobs(model, tok, group)
+        assert widths.pop() <= 8
         for s, lp in zip(group, got):
             enc = niah._encode_kwargs(fmt)
             prompt = tok(s.prompt, **enc)["input_ids"]
