@@ -105,8 +105,10 @@ if [ -n "$DRY" ]; then echo "cpu (DRY=1 rehearsal, teacher $TEACHER)" | tee "$OU
 else nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee "$OUT/card.txt"; fi
 [ "$TEACHER" = embedded ] && python3 -c "from linzoo.loading import resolve; print(resolve('embedded'))"  # convert the GGUF once
 
-save_triton() { [ -d "${TRITON_CACHE_DIR:-}" ] && tar czf "$WORK/triton.tgz" -C "$TRITON_CACHE_DIR" . \
-  && [ "$(stat -c %s "$WORK/triton.tgz")" -lt 16000000 ] && cp "$WORK/triton.tgz" "$OUT/triton-cache.tgz"; }
+save_triton() {  # tar exits 1 when a file changed as it read it (jobs still compiling): the archive is kept then
+  [ -d "${TRITON_CACHE_DIR:-}" ] || return 0
+  tar czf "$WORK/triton.tgz" --warning=no-file-changed -C "$TRITON_CACHE_DIR" . ; [ $? -le 1 ] \
+    && [ "$(stat -c %s "$WORK/triton.tgz")" -lt 16000000 ] && cp "$WORK/triton.tgz" "$OUT/triton-cache.tgz"; }
 
 linearize() {  # name mixer tokens [extra flags...]: starts it in the background unless finished or already running
   # (then returns 1: nothing started)
