@@ -623,12 +623,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="runs/zoo", help="the zoo's folder: <out>/<mixer>/<variant>, the report")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and its time estimate; run nothing")
     parser.add_argument("--jobs", type=int, help="steps side by side (default: the zoo file's jobs)")
+    parser.add_argument("--mixers", help="build only these of the zoo file's mixers (comma-separated), with the "
+                                         "teacher: a part of the zoo that fits one lease")
     parser.add_argument("--max-seconds", type=float, default=0.0,
                         help="stop every running command at this deadline (the next call resumes); 0: none")
     args = parser.parse_args(argv)
     zoo = read_zoo(args.config)
     if args.jobs is not None:
         zoo.jobs = int(_number(args.jobs, "--jobs", integer=True))
+    if args.mixers is not None:
+        chosen = [m.strip() for m in args.mixers.split(",") if m.strip()]
+        unknown = [m for m in chosen if m not in zoo.mixers]
+        if unknown or not chosen:
+            raise ValueError(f"--mixers {args.mixers}: name mixers of {zoo.path} ({', '.join(zoo.mixers)})")
+        zoo.mixers = [m for m in zoo.mixers if m in chosen]
     if args.max_seconds < 0 or not math.isfinite(args.max_seconds):
         raise ValueError(f"--max-seconds {args.max_seconds}: give a number of seconds >= 0 (0: no deadline)")
     steps = plan(zoo, args.out)

@@ -59,6 +59,13 @@ def test_dry_run_prints_the_plan_and_its_time(tmp_path, capsys):
     # two at a time: the teacher and the first base together, then each mixer's chain beside the other's
     assert zoo.main(["--config", str(_three_variants(tmp_path)), "--out", str(out), "--dry-run", "--jobs", "2"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "total: est. 7 min with 2 at a time (the zoo file's estimate)"
+    # a part of the zoo (what fits one GPU lease): one mixer's rows and the teacher
+    assert zoo.main(["--config", str(_three_variants(tmp_path)), "--out", str(out), "--dry-run", "--mixers",
+                     "mamba2"]) == 0
+    part = [line.split()[-1] for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
+    assert part == [str(out / "teacher")] + [str(out / "mamba2" / v) for v in ("base", "instruct", "instruct-distilled")]
+    with pytest.raises(ValueError, match=r"--mixers gla: name mixers of .* \(gated_deltanet, mamba2\)"):
+        zoo.main(["--config", str(_three_variants(tmp_path)), "--out", str(out), "--dry-run", "--mixers", "gla"])
     # what this build measured replaces the zoo file's figures: linearize took 50 s for 6000 tokens
     config = zoo.read_zoo(tmp_path / "zoo.yaml")
     steps = zoo.plan(config, out)
