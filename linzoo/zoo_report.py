@@ -244,7 +244,14 @@ Z = 2.0  # a difference counts when it exceeds twice its standard error
 
 
 def _verdict(diff: float, se: float) -> str:
-    return "holds" if diff > Z * se else "does not hold" if diff < -Z * se else "cannot tell at this budget"
+    return "holds" if diff > Z * se else "does not hold" if diff < -Z * se else UNKNOWN
+
+
+UNKNOWN = "cannot tell at this budget"
+
+
+def _claim(claim: str, verdict: str, numbers: str) -> dict:
+    return {"claim": claim, "verdict": verdict, "numbers": numbers}
 
 
 def _value(row: dict, label_kind: str, key: str):
@@ -272,46 +279,41 @@ def claims(rows: list[dict]) -> list[dict]:
     # 1. gated beat non-gated: the pure students' recovery above chance
     rec = measured("base-pure", "quality", "recovery_above_chance")
     gated, plain = [rec[m] for m in GATED if m in rec], [rec[m] for m in NOT_GATED if m in rec]
-    claim = "Gated mixers beat non-gated ones (pure base rows, recovery above chance)"
+    verdict, numbers = UNKNOWN, "pure base rows not measured"
     if gated and plain:
         (g, gse), (p, pse) = _mean(gated), _mean(plain)
-        out.append({"claim": claim, "verdict": _verdict(g - p, math.hypot(gse, pse)),
-                    "numbers": f"gated ({', '.join(m for m in GATED if m in rec)}) {g:.1f}±{gse:.1f} % vs not gated "
-                               f"({', '.join(m for m in NOT_GATED if m in rec)}) {p:.1f}±{pse:.1f} %"})
-    else:
-        out.append({"claim": claim, "verdict": "cannot tell at this budget", "numbers": "pure base rows not measured"})
+        verdict = _verdict(g - p, math.hypot(gse, pse))
+        numbers = (f"gated ({', '.join(m for m in GATED if m in rec)}) {g:.1f}±{gse:.1f} % vs not gated "
+                   f"({', '.join(m for m in NOT_GATED if m in rec)}) {p:.1f}±{pse:.1f} %")
+    out.append(_claim("Gated mixers beat non-gated ones (pure base rows, recovery above chance)", verdict, numbers))
     # 2. Gated DeltaNet retrieves best: the pure students' NIAH, or the key's log-probability where every one is at 0
-    claim = "Gated DeltaNet retrieves best (pure base rows: NIAH, the key's log-probability where all are at 0)"
     niah = measured("base-pure", "niah", "overall")
     key, what = (niah, "NIAH overall accuracy") if any(v for v, _ in niah.values()) else \
         (measured("base-pure", "niah", "key_logprob"), "key log-probability (nats; NIAH is 0 for all)")
+    verdict, numbers = UNKNOWN, "the pure Gated DeltaNet row or every other pure row not measured"
     if "gated_deltanet" in key and len(key) > 1:
         best_other = max((m for m in key if m != "gated_deltanet"), key=lambda m: key[m][0])
         (a, ase), (b, bse) = key["gated_deltanet"], key[best_other]
-        out.append({"claim": claim, "verdict": _verdict(a - b, math.hypot(ase, bse)),
-                    "numbers": f"{what}: gated_deltanet {a:.2f}±{ase:.2f}, the best other ({best_other}) "
-                               f"{b:.2f}±{bse:.2f}"})
-    else:
-        out.append({"claim": claim, "verdict": "cannot tell at this budget",
-                    "numbers": "the pure Gated DeltaNet row or every other pure row not measured"})
+        verdict = _verdict(a - b, math.hypot(ase, bse))
+        numbers = f"{what}: gated_deltanet {a:.2f}±{ase:.2f}, the best other ({best_other}) {b:.2f}±{bse:.2f}"
+    out.append(_claim("Gated DeltaNet retrieves best (pure base rows: NIAH, the key's log-probability where all are "
+                      "at 0)", verdict, numbers))
     # 3. instruction tuning widens the gaps between mixers: the spread of recovery above chance, base vs instruct
-    claim = "Instruction tuning widens the gaps (hybrid rows: spread of recovery above chance across mixers)"
     spreads = {}
     for variant in ("base", "instruct"):
         vals = measured(variant, "quality", "recovery_above_chance")
         if len(vals) >= 2:
             hi, lo = max(vals.values()), min(vals.values())
             spreads[variant] = (hi[0] - lo[0], math.hypot(hi[1], lo[1]), len(vals))
+    verdict, numbers = UNKNOWN, "fewer than two mixers measured as base and as instruct"
     if len(spreads) == 2:
         (b, bse, nb), (i, ise, ni) = spreads["base"], spreads["instruct"]
-        out.append({"claim": claim, "verdict": _verdict(i - b, math.hypot(bse, ise)),
-                    "numbers": f"spread (best - worst mixer) base {b:.1f}±{bse:.1f} points over {nb} mixers, instruct "
-                               f"{i:.1f}±{ise:.1f} over {ni}"})
-    else:
-        out.append({"claim": claim, "verdict": "cannot tell at this budget",
-                    "numbers": "fewer than two mixers measured as base and as instruct"})
+        verdict = _verdict(i - b, math.hypot(bse, ise))
+        numbers = (f"spread (best - worst mixer) base {b:.1f}±{bse:.1f} points over {nb} mixers, instruct "
+                   f"{i:.1f}±{ise:.1f} over {ni}")
+    out.append(_claim("Instruction tuning widens the gaps (hybrid rows: spread of recovery above chance across "
+                      "mixers)", verdict, numbers))
     # 4. instruction-aware distillation: no consistent gain, and it can hurt retrieval
-    claim = "Instruction-aware distillation gives no consistent gain and can hurt retrieval (instruct vs distilled)"
     gains, hurt = [], []
     for m in sorted({m for m, v in by if v == "instruct"} & {m for m, v in by if v == "instruct-distilled"}):
         a, b = by[(m, "instruct")], by[(m, "instruct-distilled")]
@@ -324,14 +326,12 @@ def claims(rows: list[dict]) -> list[dict]:
                 d, se = y["overall"][0] - x["overall"][0], math.hypot(x["overall"][1] or 0, y["overall"][1] or 0)
                 if d < -Z * se:
                     hurt.append(f"{m} {label} {x['overall'][0]:.2f} -> {y['overall'][0]:.2f}")
+    verdict, numbers = UNKNOWN, "no mixer measured as both instruct and instruct-distilled"
     if gains:
-        consistent = all(d > Z * se for _, d, se in gains)
-        verdict = ("does not hold" if consistent else "holds" if hurt else "cannot tell at this budget")
-        out.append({"claim": claim, "verdict": verdict,
-                    "numbers": "instruction-answer accuracy, distilled - instruct: "
-                               + ", ".join(f"{m} {d:+.2f}±{se:.2f}" for m, d, se in gains)
-                               + ("; retrieval lost: " + "; ".join(hurt) if hurt else "; no NIAH fell beyond 2 SE")})
-    else:
-        out.append({"claim": claim, "verdict": "cannot tell at this budget",
-                    "numbers": "no mixer measured as both instruct and instruct-distilled"})
+        verdict = ("does not hold" if all(d > Z * se for _, d, se in gains) else "holds" if hurt else UNKNOWN)
+        numbers = ("instruction-answer accuracy, distilled - instruct: "
+                   + ", ".join(f"{m} {d:+.2f}±{se:.2f}" for m, d, se in gains)
+                   + ("; retrieval lost: " + "; ".join(hurt) if hurt else "; no NIAH fell beyond 2 SE"))
+    out.append(_claim("Instruction-aware distillation gives no consistent gain and can hurt retrieval (instruct vs "
+                      "distilled)", verdict, numbers))
     return out
