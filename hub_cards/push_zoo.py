@@ -1,5 +1,5 @@
-"""`linzoo push-zoo`: the 7 mixers x 3 stages found under <root>/<mixer>/<stage>, the NIAH Space and a
-Hub collection holding them. A dry run (the plan of every repo, no network) unless --execute.
+"""`linzoo push-zoo`: every mixer's released folders found under <root>/<mixer>/<folder> (`RELEASED`: the three
+stages, and the paper's pure student `base-pure`), the NIAH Space and a Hub collection holding them. A dry run (the plan of every repo, no network) unless --execute.
 
     linzoo push-zoo runs/zoo --org my-org                # the plan; missing checkpoints are listed
     linzoo push-zoo runs/zoo --org my-org --execute      # after `hf auth login`
@@ -31,6 +31,11 @@ SPACE_DIR = Path(niah.__file__).parent  # a checkout's spaces/niah (the wheel ca
 COLLECTION_TITLE = "linzoo: linearized SmolLM2 students"
 
 
+# The folders of a zoo (`linzoo zoo`) that are released: the stages, and the pure student (every layer linear, the
+# paper's), which is a base student too (its card says so; its base_model is the teacher).
+RELEASED = ("base", "base-pure", *STAGES[1:])
+
+
 def repo_name(org: str, mixer: str, stage: str) -> str:
     return f"{org}/linzoo-{mixer.replace('_', '-')}-{stage}"
 
@@ -39,7 +44,7 @@ def find_zoo(root) -> tuple[dict[tuple[str, str], Path], list[tuple[str, str]]]:
     """({(mixer, stage): folder} of the checkpoints present, [(mixer, stage)] of those missing)."""
     found, missing = {}, []
     for mixer in MIXERS:
-        for stage in STAGES:
+        for stage in RELEASED:
             folder = Path(root) / mixer / stage
             if (folder / "config.json").is_file():
                 found[mixer, stage] = folder
@@ -55,14 +60,14 @@ def base_models(found: dict, org: str, teacher: str | None = None) -> dict[tuple
     out = {}
     for (mixer, stage), folder in found.items():
         parent = checkpoint_info(folder)["parent"]
-        if stage == "base":
+        if stage in ("base", "base-pure"):
             out[mixer, stage] = (teacher, None)
         elif is_hub_id(parent):
             out[mixer, stage] = (None, None)
         elif parent and Path(parent).resolve() in by_path:
             out[mixer, stage] = (repo_name(org, *by_path[Path(parent).resolve()]), None)
         else:
-            earlier = [s for s in STAGES[:STAGES.index(stage)] if (mixer, s) in found]
+            earlier = [s for s in STAGES[:STAGES.index(stage)] if (mixer, s) in found]  # never base-pure
             guess = repo_name(org, mixer, earlier[-1]) if earlier else None
             out[mixer, stage] = (guess, f"recorded parent {parent!r} is not in the zoo; assumed {guess}"
                                  if guess else None)
@@ -100,10 +105,10 @@ def push_zoo(args, workdir: Path) -> int:
     token = hub_token() if args.execute else None  # before the slow checks
     found, missing = find_zoo(args.root)
     if not found:
-        raise ReleaseError(f"no checkpoint under {args.root}/<mixer>/<stage> (mixers {', '.join(MIXERS)}; "
-                           f"stages {', '.join(STAGES)}).")
+        raise ReleaseError(f"no checkpoint under {args.root}/<mixer>/<folder> (mixers {', '.join(MIXERS)}; "
+                           f"folders {', '.join(RELEASED)}).")
     print(("" if args.execute else "DRY RUN, nothing is sent\n") +
-          f"zoo {args.root}: {len(found)} of {len(MIXERS) * len(STAGES)} checkpoints found")
+          f"zoo {args.root}: {len(found)} of {len(MIXERS) * len(RELEASED)} checkpoints found")
     for (mixer, stage), folder in found.items():  # the folder's name becomes the repo's: it must be the weights'
         held = checkpoint_info(folder)["config"].get("mixer")
         if held is not None and held != mixer:
@@ -139,7 +144,8 @@ def push_zoo(args, workdir: Path) -> int:
         for plan in plans:
             print(f"linzoo: {plan.repo_id} -> {upload(api, plan, exists[plan.repo_id], args.create_pr)}")
         collection = api.create_collection(COLLECTION_TITLE, namespace=args.org, private=args.private, exists_ok=True,
-                                           description="Seven linear mixers x three stages, and a NIAH Space.")
+                                           description=f"{len(MIXERS)} linear mixers as base, base-pure, instruct and "
+                                                       "instruct-distilled students, and a NIAH Space.")
         for plan in plans:
             api.add_collection_item(collection.slug, plan.repo_id, plan.repo_type, exists_ok=True)
     except HfHubHTTPError as err:

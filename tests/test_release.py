@@ -462,13 +462,14 @@ def linzoo_wheel(tmp_path_factory):
 def test_push_zoo_dry_run_lists_the_matrix(zoo, fast_load_check, no_network, capsys):
     assert push_zoo.main([str(zoo), "--org", "tester"]) == 0
     out = capsys.readouterr().out
-    total = len(MIXER_CLASSES) * len(card.STAGES)
+    total = len(MIXER_CLASSES) * len(push_zoo.RELEASED)  # the three stages and the pure student, every mixer
     assert out.startswith("DRY RUN") and f"2 of {total} checkpoints found" in out
     assert "model repo tester/linzoo-gated-deltanet-base " in out
     assert "model repo tester/linzoo-gated-deltanet-instruct " in out
     assert "    base_model: tester/linzoo-gated-deltanet-base" in out  # the parent folder mapped to its repo
     missing = out.split("missing (not uploaded): ")[1].splitlines()[0].split(", ")
-    assert len(missing) == total - 2 and {"xlstm/instruct-distilled", "gated_deltanet/instruct-distilled"} <= set(missing)
+    assert len(missing) == total - 2 and {"xlstm/instruct-distilled", "gated_deltanet/instruct-distilled",
+                                          "gated_deltanet/base-pure"} <= set(missing)
     space = out.split("space repo tester/linzoo-niah")[1]
     assert "results/gated_deltanet/base/niah.json" in space and "results/gated_deltanet/base/niah_heatmap.png" in space
     assert f"    - tester/linzoo-gated-deltanet-instruct\n    - {TEACHER}" in space and "sdk_version: 6.31.0" in space
