@@ -358,3 +358,12 @@ def test_the_papers_claims_read_off_hand_made_rows():
     assert widen[0] == "holds" and "base 2.0±1.4 points over 2 mixers, instruct 20.0±1.4" in widen[1]
     assert distil[0] == "holds" and "gla niah/chat 0.90 -> 0.40" in distil[1] and "gla +0.02±0.04" in distil[1]
     assert [c["verdict"] for c in zoo_report.claims(rows[:1])] == ["cannot tell at this budget"] * 4
+
+
+def test_side_by_side_commands_share_the_cores():
+    """With jobs side by side each command gets its share of the cores as threads (a 2-core machine: one each);
+    alone, or where the caller set OMP_NUM_THREADS, the environment is left as it is."""
+    assert zoo.job_env(2, {"PATH": "/bin"}, cores=2) == {"PATH": "/bin", "OMP_NUM_THREADS": "1"}
+    assert zoo.job_env(10, {}, cores=16)["OMP_NUM_THREADS"] == "1" and zoo.job_env(4, {}, cores=16)["OMP_NUM_THREADS"] == "4"
+    assert zoo.job_env(1, {"PATH": "/bin"}, cores=2) == {"PATH": "/bin"}
+    assert zoo.job_env(2, {"OMP_NUM_THREADS": "2"}, cores=2) == {"OMP_NUM_THREADS": "2"}
