@@ -633,6 +633,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the zoo file (YAML): teacher, mixers, jobs, variants, evals, estimate")
     parser.add_argument("--out", default="runs/zoo", help="the zoo's folder: <out>/<mixer>/<variant>, the report")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and its time estimate; run nothing")
+    parser.add_argument("--report-only", action="store_true",
+                        help="write the report (zoo.md, zoo.json, zoo.png) of what --out holds; run nothing")
     parser.add_argument("--jobs", type=int, help="steps side by side (default: the zoo file's jobs)")
     parser.add_argument("--mixers", help="build only these of the zoo file's mixers (comma-separated), with the "
                                          "teacher: a part of the zoo that fits one lease")
@@ -652,6 +654,13 @@ def main(argv: list[str] | None = None) -> int:
         raise ValueError(f"--max-seconds {args.max_seconds}: give a number of seconds >= 0 (0: no deadline)")
     steps = plan(zoo, args.out)
     state = read_state(args.out)
+    if args.report_only:
+        from linzoo.zoo_report import write_report
+
+        rows = write_report(zoo, steps, args.out, state)
+        print(f"zoo: the report of {sum(r['state'] == 'done' for r in rows)} of {len(rows)} steps done: "
+              f"{Path(args.out) / 'zoo.md'}")
+        return 0
     print("\n".join(plan_lines(zoo, steps, args.out, zoo.jobs, state)), flush=True)
     if args.dry_run:
         return 0

@@ -47,8 +47,10 @@ def report_rows(zoo: Zoo, steps: list[Step], state: dict, status_of=None) -> lis
                "seconds": round(sum(r.get("seconds", 0) for r in records.values())),
                "state": status_of(s) if status_of else "done" if all(is_done(s, c, state) for c in s.commands)
                else "to do", "evals": {}}
-        for e, cmd in zip(zoo.evals, s.evals):
-            data = get_eval(e.eval).read(cmd.output)
+        commands = {c.label: c for c in s.evals}  # a row runs the evals its variant gets (`variants`): by label
+        for e in zoo.evals:
+            cmd = commands.get(f"eval {e.label}")
+            data = None if cmd is None else get_eval(e.eval).read(cmd.output)
             row["evals"][e.label] = None if data is None else HEADLINES.get(e.eval, lambda r: {})(data)
         rows.append(row)
     teacher = rows[0]["evals"]  # perplexity against the teacher row's own, where measured
