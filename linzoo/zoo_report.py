@@ -238,10 +238,14 @@ def figure(rows: list[dict], path: Path):
 
 # ------------------------------------------------------------------------------------------------ claims
 
-# The mixers whose state decays by a gate computed from the input (GLA, Gated DeltaNet, KDA, xLSTM's mLSTM, Mamba-2)
-# and those without one (Linear Attention, DeltaNet; RetNet's decay is a fixed number per head, not a gate).
-GATED = ("gla", "gated_deltanet", "kda", "xlstm", "mamba2")
-NOT_GATED = ("linear_attn", "deltanet", "retnet")
+def _gated() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The registry's mixers whose state decays by a gate computed from the input, and the others (`gated`)."""
+    from linzoo.modeling.mixers import MIXER_CLASSES
+
+    return (tuple(n for n, c in MIXER_CLASSES.items() if c.gated),
+            tuple(n for n, c in MIXER_CLASSES.items() if not c.gated))
+
+
 Z = 2.0  # a difference counts when it exceeds twice its standard error
 
 
@@ -280,26 +284,29 @@ def claims(rows: list[dict]) -> list[dict]:
 
     # 1. gated beat non-gated: the pure students' recovery above chance
     rec = measured("base-pure", "quality", "recovery_above_chance")
-    gated, plain = [rec[m] for m in GATED if m in rec], [rec[m] for m in NOT_GATED if m in rec]
+    gated_names, plain_names = _gated()
+    gated, plain = [rec[m] for m in gated_names if m in rec], [rec[m] for m in plain_names if m in rec]
     verdict, numbers = UNKNOWN, "pure base rows not measured"
     if gated and plain:
         (g, gse), (p, pse) = _mean(gated), _mean(plain)
         verdict = _verdict(g - p, math.hypot(gse, pse))
-        numbers = (f"gated ({', '.join(m for m in GATED if m in rec)}) {g:.1f}±{gse:.1f} % vs not gated "
-                   f"({', '.join(m for m in NOT_GATED if m in rec)}) {p:.1f}±{pse:.1f} %")
+        numbers = (f"gated ({', '.join(m for m in gated_names if m in rec)}) {g:.1f}±{gse:.1f} % vs not gated "
+                   f"({', '.join(m for m in plain_names if m in rec)}) {p:.1f}±{pse:.1f} %")
     out.append(_claim("Gated mixers beat non-gated ones (pure base rows, recovery above chance)", verdict, numbers))
     # 2. Gated DeltaNet retrieves best: the pure students' NIAH, or the key's log-probability where every one is at 0
     niah = measured("base-pure", "niah", "overall")
     key, what = (niah, "NIAH overall accuracy") if any(v for v, _ in niah.values()) else \
         (measured("base-pure", "niah", "key_logprob"), "key log-probability (nats; NIAH is 0 for all)")
-    verdict, numbers = UNKNOWN, "the pure Gated DeltaNet row or every other pure row not measured"
-    if "gated_deltanet" in key and len(key) > 1:
-        best_other = max((m for m in key if m != "gated_deltanet"), key=lambda m: key[m][0])
-        (a, ase), (b, bse) = key["gated_deltanet"], key[best_other]
+    from linzoo.modeling.mixers import DEFAULT_MIXER as BEST, MIXER_CLASSES  # the paper's best at retrieval
+
+    verdict, numbers = UNKNOWN, f"the pure {BEST} row or every other pure row not measured"
+    if BEST in key and len(key) > 1:
+        best_other = max((m for m in key if m != BEST), key=lambda m: key[m][0])
+        (a, ase), (b, bse) = key[BEST], key[best_other]
         verdict = _verdict(a - b, math.hypot(ase, bse))
-        numbers = f"{what}: gated_deltanet {a:.2f}±{ase:.2f}, the best other ({best_other}) {b:.2f}±{bse:.2f}"
-    out.append(_claim("Gated DeltaNet retrieves best (pure base rows: NIAH, the key's log-probability where all are "
-                      "at 0)", verdict, numbers))
+        numbers = f"{what}: {BEST} {a:.2f}±{ase:.2f}, the best other ({best_other}) {b:.2f}±{bse:.2f}"
+    out.append(_claim(f"{MIXER_CLASSES[BEST].title} retrieves best (pure base rows: NIAH, the key's log-probability "
+                      "where all are at 0)", verdict, numbers))
     # 3. instruction tuning widens the gaps between mixers: the spread of recovery above chance, base vs instruct
     spreads = {}
     for variant in ("base", "instruct"):

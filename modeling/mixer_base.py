@@ -154,6 +154,7 @@ class LinearMixer(nn.Module):
     """
 
     name = title = recurrence = new_parameters = None
+    gated = False  # whether the state decays by a gate computed from the input (RetNet's fixed decay is not one)
     start_knobs = ()  # what `set_start_knobs` sets: "half_life" and/or "strength"
     fast_kernels = None
     short_conv = False

@@ -9,6 +9,7 @@ class GatedDeltaNet(DeltaRuleMixer, HeadDecay):
 
     name = "gated_deltanet"
     title = "Gated DeltaNet"
+    gated = True
     recurrence = "S_t = α_t (I − β_t k_t k_tᵀ) S_{t-1} + β_t k_t v_tᵀ, per-head α_t = exp(−e^A softplus(a·x_t + dt))"
     new_parameters = "α (A_log, dt), β, short conv"
     start_knobs = ("half_life", "strength")

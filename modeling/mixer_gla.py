@@ -14,6 +14,7 @@ class GLA(LinearMixer):
 
     name = "gla"
     title = "Gated Linear Attention"
+    gated = True
     recurrence = "S_t = Diag(α_t) S_{t-1} + k_t v_tᵀ, per-channel α_t = σ(W₂W₁x_t + b)^(1/16)"
     new_parameters = "low-rank gate"
     start_knobs = ("half_life",)

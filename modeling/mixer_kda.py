@@ -14,6 +14,7 @@ class KDA(DeltaRuleMixer):
 
     name = "kda"
     title = "Kimi Delta Attention"
+    gated = True
     recurrence = "S_t = (I − β_t k_t k_tᵀ) Diag(α_t) S_{t-1} + β_t k_t v_tᵀ, per-channel α_t"
     new_parameters = "per-channel α, β, short conv"
     start_knobs = ("half_life", "strength")

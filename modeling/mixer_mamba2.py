@@ -15,6 +15,7 @@ class Mamba2(LinearMixer, HeadDecay):
 
     name = "mamba2"
     title = "Mamba-2 (SSD)"
+    gated = True
     recurrence = "S_t = exp(−e^A Δ_t) S_{t-1} + Δ_t k_t v_tᵀ, per-head step Δ_t = softplus(a·x_t + dt)"
     new_parameters = "Δ (A_log, dt, its projection), short conv"
     # The step also scales the write, but with no delta rule a per-head scale is undone by the output norm: only the

@@ -25,6 +25,7 @@ class MLSTM(LinearMixer):
 
     name = "xlstm"
     title = "xLSTM (mLSTM)"
+    gated = True
     recurrence = "C_t = f_t C_{t-1} + i_t k_t v_tᵀ, h = C_t q_t / max(\\|n_t·q_t\\|, 1), exponential input gate"
     new_parameters = "input/forget gates"
     fast_kernels = FastKernels(
