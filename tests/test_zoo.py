@@ -358,7 +358,7 @@ def test_the_papers_claims_read_off_hand_made_rows():
     verdicts = {c["claim"].split(" (")[0]: (c["verdict"], c["numbers"]) for c in zoo_report.claims(rows)}
     gated, gdn, widen, distil = verdicts.values()
     assert gated[0] == "holds" and "gated (gla, gated_deltanet, kda) 42.0±0.6 % vs not gated" in gated[1]
-    assert gdn[0] == "holds" and "key log-probability" in gdn[1] and "the best other (deltanet) -3.00" in gdn[1]
+    assert gdn[0] == "holds" and "key log-probability" in gdn[1] and "the best of the 4 other pure rows (deltanet) -3.00" in gdn[1]
     assert widen[0] == "holds" and "base 2.0±1.4 points over 2 mixers, instruct 20.0±1.4" in widen[1]
     assert distil[0] == "holds" and "gla niah/chat 0.90 -> 0.40" in distil[1] and "gla +0.02±0.04" in distil[1]
     assert [c["verdict"] for c in zoo_report.claims(rows[:1])] == ["cannot tell at this budget"] * 4
