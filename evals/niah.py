@@ -389,9 +389,10 @@ def summarize_logprobs(logprobs: dict[int, list[float]]) -> dict:
     if not every or any(math.isnan(x) for x in every):
         return {}
     by_length = {str(n): mean_se(xs) for n, xs in logprobs.items()}
+    overall, overall_se = mean_se(every)
     return {"key_logprob_by_length": {n: m for n, (m, _) in by_length.items()},
             "key_logprob_by_length_se": {n: se for n, (_, se) in by_length.items()},
-            "key_logprob": mean_se(every)[0], "key_logprob_se": mean_se(every)[1]}
+            "key_logprob": overall, "key_logprob_se": overall_se}
 
 
 def run_niah(model, tokenizer, lengths, depths, variant: str = "passkey", samples_per_cell: int = 10,

@@ -1,5 +1,6 @@
 """`linzoo push-zoo`: every mixer's released folders found under <root>/<mixer>/<folder> (`RELEASED`: the three
-stages, and the paper's pure student `base-pure`), the NIAH Space and a Hub collection holding them. A dry run (the plan of every repo, no network) unless --execute.
+stages, and the paper's pure student `base-pure`), the NIAH Space and a Hub collection holding them. A dry run (the
+plan of every repo, no network) unless --execute.
 
     linzoo push-zoo runs/zoo --org my-org                # the plan; missing checkpoints are listed
     linzoo push-zoo runs/zoo --org my-org --execute      # after `hf auth login`

@@ -229,9 +229,10 @@ def read_zoo(path) -> Zoo:
     return Zoo(str(path), teacher, mixers, jobs, ordered, evals, estimate, targets)
 
 
-# a target's measure -> (how to read it off an eval's headline (and the teacher's), what it must be, its words)
+# a target's measure -> what it checks (zoo_report.check_targets reads it off a row and the teacher row)
 TARGET_MEASURES = {
-    "of_teacher": "each listed length's accuracy (NIAH) or the accuracy (instruct) at least this share of the teacher's",
+    "of_teacher": "each listed length's accuracy (NIAH) or the accuracy (instruct): at least this share of the "
+                  "teacher's",
     "perplexity_ratio": "held-out perplexity at most this many times the teacher's",
     "stop_rate": "the share of answers that stop (EOS) within the token budget, at least this",
 }

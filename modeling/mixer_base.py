@@ -218,10 +218,16 @@ class LinearMixer(nn.Module):
         """Whether the CUDA kernels take inputs like `q`; where not, `kernels.linear_core` runs the torch path."""
         return True
 
+    @staticmethod
+    def fast_recurrent(q) -> bool:
+        """Whether `fast_core` takes the recurrent kernel for `q` (short, no gradient: decoding), not the chunked
+        one."""
+        return q.shape[1] <= RECURRENT_MAX_LEN and not torch.is_grad_enabled()
+
     def fast_core(self, q, k, v, g, beta, *, initial_state=None, output_final_state=False, cu_seqlens=None):
         """The recurrence on the CUDA kernels: exactly what `linear_ops.torch_chunk` computes, same state layout
         [B, H, K, V] in fp32."""
-        recurrent = q.shape[1] <= RECURRENT_MAX_LEN and not torch.is_grad_enabled()
+        recurrent = self.fast_recurrent(q)
         common = dict(scale=self.scale, initial_state=None if initial_state is None else initial_state.float(),
                       output_final_state=output_final_state, cu_seqlens=cu_seqlens)
         if self.qk_l2norm:

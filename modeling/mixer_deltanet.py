@@ -3,7 +3,7 @@
 import torch
 
 from .kernels import FastKernels
-from .mixer_base import RECURRENT_MAX_LEN, DeltaRuleMixer
+from .mixer_base import DeltaRuleMixer
 
 
 class DeltaNet(DeltaRuleMixer):
@@ -21,7 +21,7 @@ class DeltaNet(DeltaRuleMixer):
         """fla's chunked delta rule refuses float32 ("ChunkDeltaRuleFunction does not support float32", an assert in
         fla.ops.delta_rule.chunk): a float32 prefill or training step (the fitted start on CUDA, `--dtype float32`
         evals) takes the torch path, which the kernels match; its recurrent decoding step takes float32."""
-        return q.dtype != torch.float32 or (q.shape[1] <= RECURRENT_MAX_LEN and not torch.is_grad_enabled())
+        return q.dtype != torch.float32 or self.fast_recurrent(q)
 
     def set_start_knobs(self, strength):
         self.start_strength(strength)

@@ -247,9 +247,9 @@ class KnowledgeDistillationTrainer(TeacherStudentTrainer):
             )
             return ce, kl
 
-        # A batch whose rows all lost their completions to truncation has no label: its loss is a zero that still
-        # reaches the student's graph, so that backward (and every rank's all-reduce) runs as on any other batch.
-        ce = kl = student_hidden.sum().float() * 0.0
+        ce = kl = hs.new_zeros((), dtype=torch.float32)
+        if not y.numel():  # every row lost its completion to truncation: a zero that still reaches the student's
+            ce = kl = hs.sum().float()  # graph (hs is empty), so that backward (and every rank's all-reduce) runs
         for start in range(0, y.numel(), chunk_size):
             part = slice(start, start + chunk_size)
             c, k = checkpoint(chunk_terms, hs[part], ht[part], y[part], use_reentrant=False)
