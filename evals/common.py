@@ -51,7 +51,8 @@ class EvalSpec:
     main: the command, `main(argv) -> results`;
     card_results: model-index entries (huggingface_hub `EvalResult`s) of one results dict;
     card_section: the markdown of its part of the card's "Results" (results dict or None when not measured,
-        the checkpoint folder) — "" to add nothing;
+        the checkpoint folder, and the sub-folder of eval/ the results came from, "" for eval/ itself: where its
+        figures are) — "" to add nothing;
     space_headers / space_row: its table in the Space's "Measured results" tab (one row per results file);
     space_caption: the caption of its first figure in the Space's gallery.
     """
@@ -64,7 +65,7 @@ class EvalSpec:
     figures: tuple[str, ...]
     main: Callable[[list[str] | None], object]
     card_results: Callable[[dict], list] = _nothing
-    card_section: Callable[[dict | None, Path], str] = lambda data, folder: ""
+    card_section: Callable[[dict | None, Path, str], str] = lambda data, folder, sub: ""
     space_headers: tuple[str, ...] = ()
     space_row: Callable[[dict], list] | None = None
     space_caption: Callable[[dict], str] | None = None

@@ -219,7 +219,7 @@ Heads whose top-1 weight copies the key from the needle (Wu et al. 2024 retrieva
 """
 
 
-def card_section(data: dict | None, folder: Path) -> str:
+def card_section(data: dict | None, folder: Path, sub: str = "") -> str:  # no figure: `sub` is not needed
     if data is None:
         return ""
     drops = data.get("ablation_logprob_drop")

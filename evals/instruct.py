@@ -357,7 +357,7 @@ def _pm(value: float | None, se: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f} ± {se:.3f}"
 
 
-def card_section(r: dict | None, folder: Path) -> str:
+def card_section(r: dict | None, folder: Path, sub: str = "") -> str:
     if r is None:  # optional: a card without it says nothing
         return ""
     t = r["teacher"]
@@ -371,7 +371,8 @@ def card_section(r: dict | None, folder: Path) -> str:
                   teacher_acc=t and _pm(t["accuracy"], t["accuracy_se"]),
                   teacher_stop=t and _pm(t["stop_rate"], t["stop_rate_se"]),
                   acc_ratio=t and _pm(r["ratio"]["accuracy"]["value"], r["ratio"]["accuracy"]["se"]),
-                  figure=next((f for f in FIGURES if (folder / f).is_file()), None))
+                  figure=next((f for f in ((f"{EVAL_DIR}/{sub}/instruct.png",) if sub else FIGURES)
+                               if (folder / f).is_file()), None))
 
 
 def space_row(r: dict) -> list:

@@ -562,7 +562,7 @@ def card_results(n: dict) -> list:
               for length, value in n["mean_by_length"].items())]
 
 
-CARD_SECTION = """### Needle in a haystack
+CARD_SECTION = """### Needle in a haystack{% if niah and niah.variant and niah.variant != "passkey" %} ({{ niah.variant }} variant){% endif %}
 {% if niah %}
 Greedy retrieval of a {{ niah.needle }} needle ({{ niah.prompt_format }} prompt, {{ niah.samples_per_cell }} samples per cell, depths {{ niah.depths | join(", ") }}): overall accuracy **{{ overall }}**.
 
@@ -578,10 +578,11 @@ Greedy retrieval of a {{ niah.needle }} needle ({{ niah.prompt_format }} prompt,
 HEATMAPS = (f"{EVAL_DIR}/niah_heatmap.png", "niah_heatmap.png")  # where a checkpoint folder may hold the heatmap
 
 
-def card_section(n: dict | None, folder: Path) -> str:
+def card_section(n: dict | None, folder: Path, sub: str = "") -> str:
+    heatmaps = (f"{EVAL_DIR}/{sub}/niah_heatmap.png",) if sub else HEATMAPS
     return render(CARD_SECTION, niah=n, overall=measured(n and n["overall"], "{:.3f}"),
                   rows=[[length, f"{acc:.2f}"] for length, acc in n["mean_by_length"].items()] if n else [],
-                  heatmap=next((h for h in HEATMAPS if (folder / h).is_file()), None), not_measured=NOT_MEASURED)
+                  heatmap=next((h for h in heatmaps if (folder / h).is_file()), None), not_measured=NOT_MEASURED)
 
 
 def space_row(data: dict) -> list:

@@ -583,7 +583,7 @@ def _average_and_stderr(above: dict | None) -> tuple:
     return above.get("average"), (above.get("stderr") or {}).get("average")
 
 
-def card_section(q: dict | None, folder: Path) -> str:
+def card_section(q: dict | None, folder: Path, sub: str = "") -> str:  # no figure: `sub` is not needed
     return render(CARD_SECTION, quality=q, rows=_card_rows(q),
                   average_recovery=measured((q["recovery"] or {}).get("average") if q else None, "{:.1f}%"),
                   above_chance=with_stderr(*_average_and_stderr((q or {}).get("recovery_above_chance"))),

@@ -401,7 +401,7 @@ Against {{ speed.teacher }} on {{ speed.device_name }} ({{ speed.device }}, {{ s
 {% endif %}"""
 
 
-def card_section(data: dict | None, folder: Path) -> str:
+def card_section(data: dict | None, folder: Path, sub: str = "") -> str:  # no figure: `sub` is not needed
     if data is None:  # optional: a card without it says nothing rather than "not measured"
         return ""
     return render(CARD_SECTION, speed=data, rows=table_rows(data), crossover=describe_crossover(data),

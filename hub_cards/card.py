@@ -44,27 +44,42 @@ def read_json(path: Path, schema: str | None = None) -> dict | None:
 
 
 def matching_results(folder) -> tuple[dict, list[str]]:
-    """({eval name: its results dict from <folder>/eval/, or None}, [why each file found there was left out]), for
-    every registered eval. A results file counts only where the weights it measured are the folder's own: its
-    `weights_sha256` equals theirs (another model's results, `--out` pointed at the wrong folder, or weights changed
-    since, are left out; so are files from before linzoo recorded the hash)."""
+    """({key: its results dict from <folder>/eval/, or None}, [why each file found there was left out]), for every
+    registered eval: the key is its name for <folder>/eval/<results file> (present for every eval, None where not run),
+    and "<name>/<sub>" for each <folder>/eval/<sub>/<results file> (a zoo's second run of an eval, e.g. NIAH's
+    natural variant in eval/natural). A results file counts only where the weights it measured are the folder's own:
+    its `weights_sha256` equals theirs (another model's results, `--out` pointed at the wrong folder, or weights
+    changed since, are left out; so are files from before linzoo recorded the hash)."""
     folder = Path(folder)
     ours, results, left_out = weights_sha256(str(folder)), {}, []
+    subs = sorted(p.name for p in (folder / EVAL_DIR).iterdir() if p.is_dir()) if (folder / EVAL_DIR).is_dir() else []
     for spec in all_evals():
-        path = folder / EVAL_DIR / spec.result_file
-        data = read_json(path, spec.schema)
-        if data is not None and data.get("quantize", "none") != "none":
-            left_out.append(f"{EVAL_DIR}/{spec.result_file} left out: it measured the model quantized to "
-                            f"{data['quantize']} (--quantize), not these weights as they are")
-            data = None
-        if data is not None and data.get("weights_sha256") != ours:
-            theirs = data.get("weights_sha256")
-            why = ("it records no weights hash (made before linzoo recorded one): run the eval again" if theirs is None
-                   else f"it measured {data.get('model')!r}, whose weights are not this folder's")
-            left_out.append(f"{EVAL_DIR}/{spec.result_file} left out: {why}")
-            data = None
-        results[spec.name] = data
+        for sub in ("", *subs):
+            if sub and not (folder / EVAL_DIR / sub / spec.result_file).is_file():
+                continue
+            where = f"{EVAL_DIR}/{sub}/{spec.result_file}" if sub else f"{EVAL_DIR}/{spec.result_file}"
+            data = read_json(folder / where, spec.schema)
+            if data is not None and data.get("quantize", "none") != "none":
+                left_out.append(f"{where} left out: it measured the model quantized to {data['quantize']} "
+                                "(--quantize), not these weights as they are")
+                data = None
+            if data is not None and data.get("weights_sha256") != ours:
+                theirs = data.get("weights_sha256")
+                why = ("it records no weights hash (made before linzoo recorded one): run the eval again"
+                       if theirs is None else f"it measured {data.get('model')!r}, whose weights are not this folder's")
+                left_out.append(f"{where} left out: {why}")
+                data = None
+            results[f"{spec.name}/{sub}" if sub else spec.name] = data
     return results, left_out
+
+
+def results_of(spec, results: dict) -> list[tuple[str, dict | None]]:
+    """[(sub, results dict)] of one eval in `matching_results`' dict: eval/ itself ("") first, then each sub-folder
+    that holds its results; eval/ itself is left out where it has none and a sub-folder has some."""
+    subs = [(key.split("/", 1)[1], data) for key, data in results.items()
+            if key.startswith(f"{spec.name}/") and data is not None]
+    top = results.get(spec.name)
+    return ([("", top)] if top is not None or not subs else []) + subs
 
 
 def read_results(folder) -> dict:
@@ -74,7 +89,8 @@ def read_results(folder) -> dict:
 
 def eval_results(results: dict) -> list[EvalResult]:
     """The model-index entries of the measured results (the student's own numbers; teacher scores stay in the body)."""
-    return [entry for spec in all_evals() if results.get(spec.name) for entry in spec.card_results(results[spec.name])]
+    return [entry for spec in all_evals() for _, data in results_of(spec, results) if data
+            for entry in spec.card_results(data)]
 
 
 def eval_key(result: EvalResult) -> tuple:
@@ -199,7 +215,8 @@ def build_card(folder, repo_id: str | None = None, base_model: str | None = None
         teacher_kv=format_bytes(size.teacher_kv),
         state_tokens=STATE_AT_TOKENS,
         **_training_rows(info),
-        eval_sections=[spec.card_section(results[spec.name], folder) for spec in all_evals()],
+        eval_sections=[spec.card_section(data, folder, sub) for spec in all_evals()
+                       for sub, data in results_of(spec, results)],
         not_measured=NOT_MEASURED,
         not_recorded="not recorded",
     )

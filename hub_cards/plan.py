@@ -29,7 +29,7 @@ from linzoo.evals.common import EVAL_DIR, NOT_MEASURED
 from linzoo.evals.registry import all_evals
 from linzoo.integrity import LINEAGE_FILE, recorded_digests, verify_folder
 
-from .card import (build_card, checkpoint_info, default_base_model, eval_key, eval_results, matching_results,
+from .card import (build_card, checkpoint_info, default_base_model, eval_key, eval_results, matching_results, results_of,
                    read_json)
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib")
@@ -241,7 +241,7 @@ def check_card(folder: Path, card: ModelCard) -> Check:
         diff = sorted(set(got.items()) ^ set(expected.items()), key=str)[:3]
         return Check(name, False, f"card and files differ: {diff}")
     missing = [f"{EVAL_DIR}/{spec.result_file}" for spec in all_evals()  # the evals whose card section says so
-               if results[spec.name] is None and NOT_MEASURED in spec.card_section(None, folder)]
+               if results_of(spec, results) == [("", None)] and NOT_MEASURED in spec.card_section(None, folder, "")]
     return Check(name, True, f"{len(expected)} numbers" + (f"; {', '.join(missing)} missing: the card says "
                                                             "'not measured'" if missing else "")
                  + "".join(f"; {line}" for line in left_out))

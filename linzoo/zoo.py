@@ -60,8 +60,11 @@ COMMANDS = {
 # eval -> the flags that give a student's run the teacher's own results (scored once, in <out>/teacher/eval[/sub]):
 # (teacher spec, teacher's results file) -> flags. The evals that score a student against its teacher.
 TEACHER_FLAGS = {"quality": lambda teacher, results: ["--teacher", teacher, "--teacher_results", str(results)]}
-OWNED = {"--teacher", "--mixer", "--model_name_or_path", "--total_tokens", "--output_dir", "--model", "--out",
-         "--teacher_results"}
+# eval -> the flags that name a student's row where not `--model ROW`: (teacher spec, row) -> flags. These evals
+# measure the teacher beside the row in the same process (their ratios are of one run), so the teacher's row has none.
+MODEL_FLAGS = {"speed": lambda teacher, model: ["--models", teacher, model]}
+OWNED = {"--teacher", "--mixer", "--model_name_or_path", "--total_tokens", "--output_dir", "--model", "--models",
+         "--out", "--teacher_results"}
 TOP_KEYS = {"teacher", "mixers", "jobs", "variants", "evals", "estimate", "targets"}
 VARIANT_KEYS, EVAL_KEYS = {"command", "parent", "tokens", "flags"}, {"eval", "sub", "flags", "variants"}
 ESTIMATE_KEYS = {"tokens_per_second", "start_seconds", "eval_seconds", "side_by_side"}
@@ -83,7 +86,8 @@ class EvalEntry:
     eval: str
     sub: str
     flags: list[str]
-    variants: list[str] | None = None  # the rows that get it (None: every row); the teacher gets every eval
+    variants: list[str] | None = None  # the rows that get it (None: every row); the teacher gets every eval but
+    # those that measure it beside each student (MODEL_FLAGS)
 
     @property
     def label(self) -> str:
@@ -301,12 +305,15 @@ def eval_commands(zoo: Zoo, model: str, folder: Path, teacher_eval: Path | None,
     for e in zoo.evals:
         if variant is not None and e.variants is not None and variant not in e.variants:
             continue
+        if teacher_eval is None and e.eval in MODEL_FLAGS:  # the teacher is measured in each student's run
+            continue
         where = folder / "eval" / e.sub if e.sub else folder / "eval"
         result = get_eval(e.eval).result_file
         extra = []
         if teacher_eval is not None and e.eval in TEACHER_FLAGS:
             extra = TEACHER_FLAGS[e.eval](zoo.teacher, (teacher_eval / e.sub if e.sub else teacher_eval) / result)
-        out.append(Command(f"eval {e.label}", ["eval", e.eval, "--model", model, "--out", str(where), *extra, *e.flags],
+        names = MODEL_FLAGS[e.eval](zoo.teacher, model) if e.eval in MODEL_FLAGS else ["--model", model]
+        out.append(Command(f"eval {e.label}", ["eval", e.eval, *names, "--out", str(where), *extra, *e.flags],
                            where / result))
     return out
 
@@ -604,8 +611,11 @@ def plan_lines(zoo: Zoo, steps: list[Step], out, jobs: int, state: dict) -> list
     lines = [f"zoo plan: {zoo.path} -> {out}: {len(zoo.mixers)} mixers × {len(zoo.variants)} variants = "
              f"{len(steps) - 1} students, and the teacher `{zoo.teacher}` evaluated once; {jobs} at a time",
              "each row's evals (results in <folder>/eval[/sub]), then `linzoo card <folder>`:"]
-    lines += [f"  eval {e.label:18s} linzoo eval {e.eval} --model <folder> --out <folder>/eval"
-              f"{'/' * bool(e.sub)}{e.sub} {shlex.join(e.flags)}" for e in zoo.evals]
+    lines += [f"  eval {e.label:18s} linzoo eval {e.eval} "
+              f"{' '.join(MODEL_FLAGS.get(e.eval, lambda t, m: ['--model', m])(zoo.teacher, '<folder>'))} "
+              f"--out <folder>/eval{'/' * bool(e.sub)}{e.sub} {shlex.join(e.flags)}" for e in zoo.evals]
+    lines += [f"  ({e.label} measures the teacher beside each student, in the same process: the teacher's row has "
+              "none)" for e in zoo.evals if e.eval in MODEL_FLAGS]
     for e in zoo.evals:
         if e.eval in TEACHER_FLAGS:
             flags = shlex.join(TEACHER_FLAGS[e.eval](zoo.teacher, f"{out}/teacher/eval/..."))

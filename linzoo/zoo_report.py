@@ -8,6 +8,7 @@ import math
 import time
 from pathlib import Path
 
+from linzoo.formatting import format_bytes
 from linzoo.integrity import write_json
 from linzoo.zoo import Step, Zoo, duration, is_done
 
@@ -31,8 +32,21 @@ def instruct_headline(r: dict) -> dict:
     return {"accuracy": [r["accuracy"], r["accuracy_se"]], "stop_rate": [r["stop_rate"], r["stop_rate_se"]]}
 
 
+def speed_headline(r: dict) -> dict:
+    """The student's figures at the longest context measured at the smallest batch, with their ratios to the teacher
+    measured in the same run."""
+    batch = min(r["batch_sizes"])
+    rows = [x for x in r["rows"] if x["batch"] == batch and x["model"] != r["teacher"]]
+    if not rows:
+        return {}
+    x = max(rows, key=lambda x: x["length"])
+    return {"length": x["length"], "batch": batch, "state_bytes": x["state_bytes_per_sequence"],
+            "decode_ms_per_token": x["decode_ms_per_token"], **{f"{k}_ratio": v for k, v in x["ratios"].items()}}
+
+
 # eval -> its headline numbers in the zoo's report; an eval not listed is reported as measured or not
-HEADLINES = {"niah": niah_headline, "quality": quality_headline, "instruct": instruct_headline}
+HEADLINES = {"niah": niah_headline, "quality": quality_headline, "instruct": instruct_headline,
+             "speed": speed_headline}
 
 
 def report_rows(zoo: Zoo, steps: list[Step], state: dict, status_of=None) -> list[dict]:
@@ -152,6 +166,14 @@ def markdown(zoo: Zoo, rows: list[dict]) -> str:
                 ratio = h and h.get("of_teacher")
                 c.append(_pm(h["accuracy"]) + (f" ({ratio:.2f})" if ratio is not None else "") if h else "—")
                 c.append(_pm(h["stop_rate"]) if h else "—")
+        elif "state_bytes" in shape:
+            at = f"{shape['length']} tokens" + (f" x {shape['batch']}" if shape["batch"] > 1 else "")
+            heads += [f"{e.label}: state per sequence at {at} (× teacher)", f"{e.label}: decode ms/token (× teacher)",
+                      f"{e.label}: prefill × teacher"]
+            for c, h in zip(cells, kind):
+                c.append(f"{format_bytes(h['state_bytes'])} ({h['state_bytes_per_sequence_ratio']:.2f})" if h else "—")
+                c.append(f"{h['decode_ms_per_token']:.1f} ({h['decode_ms_per_token_ratio']:.2f})" if h else "—")
+                c.append(f"{h['prefill_s_ratio']:.2f}" if h else "—")
         else:
             heads.append(e.label)
             for c, h in zip(cells, kind):

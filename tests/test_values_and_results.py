@@ -165,6 +165,30 @@ def test_results_record_their_weights_and_cards_use_only_their_own(tiny_student_
     assert card.read_results(folder)["niah"] is None  # no hash recorded: left out, not trusted
 
 
+def test_cards_read_the_results_of_evals_run_again_in_eval_subfolders(tiny_student_dir, tiny_teacher_dir, tmp_path):
+    """A zoo's instruct row has NIAH only in eval/short, eval/natural-short and eval/chat (`sub`): the card shows each,
+    named by its variant, with its own heatmap, and its model-index holds each; eval/ itself says nothing of NIAH."""
+    folder = shutil.copytree(tiny_student_dir, tmp_path / "student")
+    se = {"overall_se": 0.1, "mean_by_length_se": {"512": 0.1}}
+    natural = {**_niah_of(folder), **se, "variant": "natural", "overall": 0.25, "mean_by_length": {"512": 0.25}}
+    niah.save_niah({**_niah_of(folder), **se, "variant": "passkey"}, folder / "eval" / "short")
+    niah.save_niah(natural, folder / "eval" / "natural-short")
+    niah.save_niah({**_niah_of(tiny_teacher_dir), **se, "variant": "chat"}, folder / "eval" / "chat")  # not its own
+    (folder / "eval" / "natural-short" / "niah_heatmap.png").write_bytes(b"png")
+    results, left_out = card.matching_results(folder)
+    assert results["niah"] is None and results["niah/natural-short"]["overall"] == 0.25
+    assert results["niah/short"]["overall"] == 1.0 and results["niah/chat"] is None
+    assert left_out == ["eval/chat/niah.json left out: it measured " + repr(str(tiny_teacher_dir))
+                        + ", whose weights are not this folder's"]
+    built = card.build_card(folder)
+    text = str(built)
+    assert "### Needle in a haystack (natural variant)" in text and "(eval/natural-short/niah_heatmap.png)" in text
+    assert text.count("### Needle in a haystack") == 2 and "| 512 | 0.25 |" in text and "| 512 | 1.00 |" in text
+    assert {r.dataset_type for r in built.data.eval_results} == {"linzoo-niah-passkey", "linzoo-niah-natural"}
+    check = plan.check_card(folder, built)
+    assert check.ok and check.detail.startswith("4 numbers") and "niah.json missing" not in check.detail
+
+
 def test_teacher_results_must_be_another_models(tiny_student_dir, tmp_path):
     own = tmp_path / "own"
     from linzoo.evals.common import write_json

@@ -269,6 +269,41 @@ def test_report_writers_on_hand_made_results(tmp_path):
     assert (tmp_path / "empty.png").is_file()
 
 
+def test_speed_is_measured_beside_the_teacher_in_each_students_row(tmp_path, capsys):
+    """`eval speed` takes the teacher and the row together (its ratios are of one process): no row of its own for
+    the teacher; the table shows the state and decode time at the longest length, with their ratios."""
+    path = _three_variants(tmp_path, evals=[{"eval": "niah"}, {"eval": "speed", "flags": ["--lengths", "256,1024"]}],
+                           estimate=ESTIMATE | {"eval_seconds": {"niah": 30, "speed": 40}})
+    config, out = zoo.read_zoo(path), tmp_path / "runs"
+    steps = zoo.plan(config, out)
+    assert [c.label for c in steps[0].evals] == ["eval niah"]  # the teacher's row
+    speed = steps[1].evals[1]
+    assert speed.argv == ["eval", "speed", "--models", "embedded", str(steps[1].folder), "--out",
+                          str(steps[1].folder / "eval"), "--lengths", "256,1024"]
+    assert zoo.main(["--config", str(path), "--out", str(out), "--dry-run"]) == 0
+    assert "linzoo eval speed --models embedded <folder> --out <folder>/eval --lengths 256,1024" in capsys.readouterr().out
+
+    def cell(model, length, state, decode, ratios):
+        return {"model": model, "length": length, "batch": 1, "prefill_s": 1.0, "decode_ms_per_token": decode,
+                "state_bytes_per_sequence": state, "ratios": {"prefill_s": ratios[0], "decode_ms_per_token": ratios[1],
+                                                              "state_bytes_per_sequence": ratios[2]}}
+    student = str(steps[1].folder)
+    rows = [cell("embedded", 1024, 2**22, 50.0, (1, 1, 1)), cell(student, 256, 2**20, 40.0, (1.1, 0.9, 0.5)),
+            cell(student, 1024, 2**20, 41.0, (0.8, 0.82, 0.25))]
+    (steps[1].folder / "eval").mkdir(parents=True)
+    (steps[1].folder / "eval" / "speed.json").write_text(json.dumps(
+        {"schema": "linzoo.speed/v1", "models": ["embedded", student], "teacher": "embedded", "batch_sizes": [1],
+         "rows": rows}))
+    report = zoo_report.write_report(config, steps, out, {"steps": {}})
+    assert report[1]["evals"]["speed"] == {"length": 1024, "batch": 1, "state_bytes": 2**20, "decode_ms_per_token": 41.0,
+                                           "prefill_s_ratio": 0.8, "decode_ms_per_token_ratio": 0.82,
+                                           "state_bytes_per_sequence_ratio": 0.25}
+    table = [line for line in (out / "zoo.md").read_text().splitlines() if line.startswith("| ")]
+    assert ("speed: state per sequence at 1024 tokens (× teacher) | speed: decode ms/token (× teacher) "
+            "| speed: prefill × teacher |") in table[0]
+    assert "| 1.0 MiB (0.25) | 41.0 (0.82) | 0.80 |" in table[2] and table[1].endswith("| — | — | — |  |")
+
+
 # --- a bad zoo file: one line naming the key, before anything runs ----------------------------------------
 
 
