@@ -54,7 +54,8 @@ class EvalSpec:
         the checkpoint folder, and the sub-folder of eval/ the results came from, "" for eval/ itself: where its
         figures are) — "" to add nothing;
     space_headers / space_row: its table in the Space's "Measured results" tab (one row per results file);
-    space_caption: the caption of its first figure in the Space's gallery.
+    space_caption: the caption of its first figure in the Space's gallery;
+    arguments: the dataclass of its command line (what `main` parses).
     """
 
     name: str
@@ -66,6 +67,7 @@ class EvalSpec:
     main: Callable[[list[str] | None], object]
     card_results: Callable[[dict], list] = _nothing
     card_section: Callable[[dict | None, Path, str], str] = lambda data, folder, sub: ""
+    arguments: type | None = None  # its command-line dataclass: `linzoo zoo --check` parses a plan's flags with it
     space_headers: tuple[str, ...] = ()
     space_row: Callable[[dict], list] | None = None
     space_caption: Callable[[dict], str] | None = None

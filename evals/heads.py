@@ -271,6 +271,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 EVAL = EvalSpec(
+    arguments=HeadsArguments,
     title="retrieval heads", name="heads", help="retrieval heads: per-head copy score and per-layer ablation on passkey prompts (JSON + heatmap)",
     schema=SCHEMA, result_file="heads.json", figures=("heads.png",), main=main, card_section=card_section,
     space_headers=("model", "top retrieval heads", "key log-prob", "softmax layers"),

@@ -384,6 +384,7 @@ def space_row(r: dict) -> list:
 
 
 EVAL = EvalSpec(
+    arguments=InstructArguments,
     title="instruction answers", name="instruct", schema=SCHEMA, result_file="instruct.json", figures=("instruct.png",),
     help="short questions through the chat template: accuracy per kind and EOS stop rate, beside the teacher's "
          "(JSON + bars)",

@@ -595,6 +595,7 @@ def space_row(data: dict) -> list:
 
 
 EVAL = EvalSpec(
+    arguments=NiahArguments,
     title="NIAH", name="niah", help="needle-in-a-haystack retrieval (JSON + heatmap)", schema=SCHEMA, result_file="niah.json",
     figures=("niah_heatmap.png",), main=main, card_results=card_results, card_section=card_section,
     space_headers=("model", "variant", "prompt", "overall", "accuracy by length"), space_row=space_row,

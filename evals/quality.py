@@ -603,6 +603,7 @@ def space_row(data: dict) -> list:
 
 
 EVAL = EvalSpec(
+    arguments=QualityArguments,
     title="teacher recovery", name="quality", help="zero-shot tasks, perplexity, KL and teacher recovery (JSON + bars)", schema=SCHEMA,
     result_file="quality.json", figures=("quality.png",), main=main, card_results=card_results,
     card_section=card_section, space_row=space_row,

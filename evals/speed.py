@@ -501,6 +501,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 EVAL = EvalSpec(
+    arguments=SpeedArguments,
     title="speed", name="speed", help="prefill, decode ms/token, peak memory and state size against the teacher by "
     "context length, with the decoding roofline (JSON + log-log plot)",
     schema=SCHEMA, result_file="speed.json", figures=("speed.png",), main=main, card_section=card_section,

@@ -65,8 +65,12 @@ TEACHER_FLAGS = {"quality": lambda teacher, results: ["--teacher", teacher, "--t
 MODEL_FLAGS = {"speed": lambda teacher, model: ["--models", teacher, model]}
 OWNED = {"--teacher", "--mixer", "--model_name_or_path", "--total_tokens", "--output_dir", "--model", "--models",
          "--out", "--teacher_results"}
-TOP_KEYS = {"teacher", "mixers", "jobs", "variants", "evals", "estimate", "targets"}
-VARIANT_KEYS, EVAL_KEYS = {"command", "parent", "tokens", "flags"}, {"eval", "sub", "flags", "variants"}
+TOP_KEYS = {"teacher", "mixers", "jobs", "variants", "evals", "estimate", "targets", "train_seconds"}
+VARIANT_KEYS, EVAL_KEYS = {"command", "parent", "tokens", "flags", "mixers"}, {"eval", "sub", "flags", "variants"}
+# command -> its flag that stops, saves and ends a run at a wall-clock deadline (the zoo's `train_seconds`); a
+# training that would start with less than MIN_TRAIN_SECONDS left does not start
+DEADLINE_FLAGS = {"linearize": "--max_wall_seconds"}
+MIN_TRAIN_SECONDS = 60
 ESTIMATE_KEYS = {"tokens_per_second", "start_seconds", "eval_seconds", "side_by_side"}
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 STATE_FILE, CARD_FILE = "zoo_state.json", "README.md"
@@ -79,6 +83,7 @@ class Variant:
     parent: str | None
     tokens: int
     flags: list[str]
+    mixers: list[str] | None = None  # the mixers that get it (None: every mixer of the zoo; unset: the parent's)
 
 
 @dataclass
@@ -104,6 +109,7 @@ class Zoo:
     evals: list[EvalEntry]
     estimate: dict
     targets: dict = field(default_factory=dict)
+    train_seconds: float | None = None  # every training ends by then, counted from the build's first training start
 
 
 def _flags(value, where) -> list[str]:
@@ -180,8 +186,12 @@ def read_zoo(path) -> Zoo:
             raise ValueError(f"{where}.parent: {why}")
         if "tokens" not in v:
             raise ValueError(f"{where}.tokens: missing (the budget, --total_tokens)")
+        only = v.get("mixers")
+        if only is not None and (not isinstance(only, list) or not only or any(m not in mixers for m in only)):
+            raise ValueError(f"{where}.mixers: give a list of the zoo's mixers ({', '.join(mixers)}): the mixers "
+                             "that get this variant")
         variants[name] = Variant(name, v["command"], parent, _number(v["tokens"], f"{where}.tokens", integer=True),
-                                 _flags(v.get("flags"), f"{where}.flags"))
+                                 _flags(v.get("flags"), f"{where}.flags"), only)
     ordered = {}  # parents first (the order of the plan), a loop or an unknown parent named
     while len(ordered) < len(variants):
         ready = [v for v in variants.values() if v.name not in ordered and (v.parent is None or v.parent in ordered)]
@@ -191,6 +201,13 @@ def read_zoo(path) -> Zoo:
             raise ValueError(f"{at(f'variants.{bad.name}.parent')}: {bad.parent!r}: {why} "
                              f"(variants: {', '.join(variants)})")
         ordered |= {v.name: v for v in ready}
+    for v in ordered.values():  # parents first: a variant without `mixers` gets its parent's
+        if v.mixers is None and v.parent:
+            v.mixers = ordered[v.parent].mixers
+        lacking = [m for m in mixers_of(v, mixers) if v.parent and m not in mixers_of(ordered[v.parent], mixers)]
+        if lacking:
+            raise ValueError(f"{at(f'variants.{v.name}.mixers')}: {', '.join(lacking)}: its parent {v.parent} is "
+                             "not built for them (give the variant the parent's mixers or fewer)")
     evals = []
     for i, e in enumerate(raw.get("evals") or []):
         e = _mapping(e, at(f"evals[{i}]"), EVAL_KEYS)
@@ -230,7 +247,13 @@ def read_zoo(path) -> Zoo:
     if not isinstance(teacher, str) or not teacher:
         raise ValueError(f"{at('teacher')}: give a Hub id, a folder, a .gguf file or 'embedded'")
     targets = read_targets(raw.get("targets") or {}, at("targets"), ordered, evals)
-    return Zoo(str(path), teacher, mixers, jobs, ordered, evals, estimate, targets)
+    train_seconds = _number(raw["train_seconds"], at("train_seconds")) if "train_seconds" in raw else None
+    return Zoo(str(path), teacher, mixers, jobs, ordered, evals, estimate, targets, train_seconds)
+
+
+def mixers_of(variant: Variant, mixers: list[str]) -> list[str]:
+    """The mixers of `mixers` (the zoo's, in its order) that get `variant`."""
+    return [m for m in mixers if variant.mixers is None or m in variant.mixers]
 
 
 # a target's measure -> what it checks (zoo_report.check_targets reads it off a row and the teacher row)
@@ -326,6 +349,8 @@ def plan(zoo: Zoo, out) -> list[Step]:
     steps = [teacher]
     for mixer in zoo.mixers:
         for v in zoo.variants.values():
+            if mixer not in mixers_of(v, zoo.mixers):
+                continue
             folder = out / mixer / v.name
             parent = out / mixer / v.parent if v.parent else None
             argv = [v.command, *COMMANDS[v.command](zoo.teacher, mixer, str(parent)), "--total_tokens", str(v.tokens),
@@ -486,19 +511,38 @@ class Build:
         self.out.mkdir(parents=True, exist_ok=True)
         write_json(self.out / STATE_FILE, self.state)
 
-    def start_next(self, task, index: int) -> bool:
-        """Starts the task's first command from `index` that is not done; False when none is left."""
+    def train_deadline(self, cmd: Command) -> list[str] | None:
+        """The flags that end a training command by the zoo's `train_seconds` (counted from the first training start
+        of this build, kept in zoo_state.json across calls); [] without one; None when its time is up."""
+        if self.zoo.train_seconds is None:
+            return []
+        if "train_began" not in self.state:
+            self.state["train_began"] = time.time()
+            self.out.mkdir(parents=True, exist_ok=True)
+            write_json(self.out / STATE_FILE, self.state)
+        left = self.state["train_began"] + self.zoo.train_seconds - time.time()
+        if left < MIN_TRAIN_SECONDS:
+            return None
+        flag = DEADLINE_FLAGS.get(cmd.command)
+        return [flag, str(int(left))] if flag else []
+
+    def start_next(self, task, index: int) -> bool | None:
+        """Starts the task's first command from `index` that is not done; False when none is left, None when it is a
+        training whose time (`train_seconds`) is up."""
         step = task["step"]
         for i in range(index, len(task["commands"])):
             cmd = task["commands"][i]
             if is_done(step, cmd, self.state) and not (cmd.label == "card" and step.name in self.ran):
                 continue
+            deadline = self.train_deadline(cmd) if cmd.label == "train" else []
+            if deadline is None:
+                return None
             self.ran.add(step.name)
             step.log.parent.mkdir(parents=True, exist_ok=True)
             log = open(step.log, "a")
-            log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} $ linzoo {shlex.join(cmd.argv)}\n")
+            log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} $ linzoo {shlex.join(cmd.argv + deadline)}\n")
             log.flush()
-            proc = subprocess.Popen([sys.executable, "-m", "linzoo.cli", *cmd.argv], stdout=log,
+            proc = subprocess.Popen([sys.executable, "-m", "linzoo.cli", *cmd.argv, *deadline], stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     preexec_fn=self.die_with_parent, env=job_env(self.jobs))
             self.running[task["name"]] = (task, i, proc, time.time(), log)
@@ -566,7 +610,11 @@ class Build:
                         self.end_task(task, "blocked", f"{what}: {bad.split(':')[0]} did not finish")
                     elif all(a == "done" for a in after):
                         pending.remove(task)
-                        if not self.start_next(task, 0):
+                        started = self.start_next(task, 0)
+                        if started is None:
+                            self.end_task(task, "blocked", f"not trained: the zoo's train_seconds "
+                                                           f"({self.zoo.train_seconds:g} s) are spent")
+                        elif not started:
                             self.end_task(task, "done")
                 for name, (task, i, proc, started, log) in list(self.running.items()):
                     rc = proc.poll()
@@ -606,9 +654,59 @@ def last_line(log: Path) -> str:
 # ------------------------------------------------------------------------------------------------- CLI
 
 
+def read_queue(path) -> list[tuple[str, list[str]]]:
+    """A queue file (e.g. recipes/135m/gpu-queue.txt): one build a line, `ZOO_FILE [--mixers a,b]`, in the order a
+    lent GPU fires them; `#` starts a comment. Each zoo file is read (a bad one is named now, not on the GPU)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"queue file {path} does not exist")
+    entries = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        words = shlex.split(line, comments=True)
+        if not words:
+            continue
+        zoo_file, args = words[0], words[1:]
+        if args and (len(args) != 2 or args[0] != "--mixers"):
+            raise ValueError(f"{path}:{number}: {shlex.join(args)}: a line is a zoo file, then --mixers a,b or nothing")
+        if not Path(zoo_file).is_file():
+            raise ValueError(f"{path}:{number}: {zoo_file!r} is not a zoo file (paths are from the checkout's root)")
+        zoo = read_zoo(zoo_file)
+        if args:
+            choose_mixers(zoo, args[1])
+        entries.append((zoo_file, args))
+    return entries
+
+
+def next_in_queue(queue, results) -> tuple[str, list[str]] | None:
+    """The queue's first build that no report under `results` (any `zoo.json` below it, as results/gpu/<date>/ keep
+    them) shows complete: the same zoo file's name, the same mixers, every row done. None when all are."""
+    reports = []
+    for p in sorted(Path(results).rglob("zoo.json")) if Path(results).is_dir() else []:
+        data = read_json(p)
+        if isinstance(data, dict) and data.get("schema") == "linzoo.zoo/v1":
+            reports.append(data)
+    for zoo_file, args in read_queue(queue):
+        zoo = read_zoo(zoo_file)
+        if args:
+            choose_mixers(zoo, args[1])
+        if not any(Path(r.get("zoo_file", "")).name == Path(zoo_file).name and r.get("mixers") == zoo.mixers
+                   and r.get("rows") and all(row.get("state") == "done" for row in r["rows"]) for r in reports):
+            return zoo_file, args
+    return None
+
+
+def choose_mixers(zoo: Zoo, names: str):
+    """`--mixers a,b`: the zoo's rows of these mixers only (the teacher's row stays)."""
+    chosen = [m.strip() for m in names.split(",") if m.strip()]
+    unknown = [m for m in chosen if m not in zoo.mixers]
+    if unknown or not chosen:
+        raise ValueError(f"--mixers {names}: name mixers of {zoo.path} ({', '.join(zoo.mixers)})")
+    zoo.mixers = [m for m in zoo.mixers if m in chosen]
+
+
 def plan_lines(zoo: Zoo, steps: list[Step], out, jobs: int, state: dict) -> list[str]:
     measured = sum(r.get("rc") == 0 for rec in state["steps"].values() for r in rec.values())
-    lines = [f"zoo plan: {zoo.path} -> {out}: {len(zoo.mixers)} mixers × {len(zoo.variants)} variants = "
+    lines = [f"zoo plan: {zoo.path} -> {out}: {len(zoo.mixers)} mixers, {len(zoo.variants)} variants: "
              f"{len(steps) - 1} students, and the teacher `{zoo.teacher}` evaluated once; {jobs} at a time",
              "each row's evals (results in <folder>/eval[/sub]), then `linzoo card <folder>`:"]
     lines += [f"  eval {e.label:18s} linzoo eval {e.eval} "
@@ -640,8 +738,11 @@ def main(argv: list[str] | None = None) -> int:
     from linzoo.arguments import ArgumentParser
 
     parser = ArgumentParser(prog="linzoo zoo", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True,
-                        help="the zoo file (YAML): teacher, mixers, jobs, variants, evals, estimate")
+    parser.add_argument("--config", help="the zoo file (YAML): teacher, mixers, jobs, variants, evals, estimate")
+    parser.add_argument("--next", metavar="QUEUE",
+                        help="print the first build of this queue file (`ZOO_FILE [--mixers a,b]` a line) that no "
+                             "zoo.json under --results shows complete; runs nothing (exit 1: none is left)")
+    parser.add_argument("--results", default="results/gpu", help="where --next looks for reports (default: %(default)s)")
     parser.add_argument("--out", default="runs/zoo", help="the zoo's folder: <out>/<mixer>/<variant>, the report")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and its time estimate; run nothing")
     parser.add_argument("--report-only", action="store_true",
@@ -651,16 +752,24 @@ def main(argv: list[str] | None = None) -> int:
                                          "teacher: a part of the zoo that fits one lease")
     parser.add_argument("--max-seconds", type=float, default=0.0,
                         help="stop every running command at this deadline (the next call resumes); 0: none")
+    parser.add_argument("--check", action="store_true",
+                        help="what the plan would fail on that can be seen now (imports, the teacher, every command's "
+                             "flags, the eval data), one line each; runs nothing (a build checks this first)")
     args = parser.parse_args(argv)
+    if args.next:
+        entry = next_in_queue(args.next, args.results)
+        if entry is None:
+            print(f"zoo: every build of {args.next} has a complete report under {args.results}")
+            return 1
+        print(shlex.join([entry[0], *entry[1]]))
+        return 0
+    if not args.config:
+        raise ValueError("give --config ZOO_FILE (or --next QUEUE)")
     zoo = read_zoo(args.config)
     if args.jobs is not None:
         zoo.jobs = int(_number(args.jobs, "--jobs", integer=True))
     if args.mixers is not None:
-        chosen = [m.strip() for m in args.mixers.split(",") if m.strip()]
-        unknown = [m for m in chosen if m not in zoo.mixers]
-        if unknown or not chosen:
-            raise ValueError(f"--mixers {args.mixers}: name mixers of {zoo.path} ({', '.join(zoo.mixers)})")
-        zoo.mixers = [m for m in zoo.mixers if m in chosen]
+        choose_mixers(zoo, args.mixers)
     if args.max_seconds < 0 or not math.isfinite(args.max_seconds):
         raise ValueError(f"--max-seconds {args.max_seconds}: give a number of seconds >= 0 (0: no deadline)")
     steps = plan(zoo, args.out)
@@ -675,6 +784,15 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(plan_lines(zoo, steps, args.out, zoo.jobs, state)), flush=True)
     if args.dry_run:
         return 0
+    from linzoo.zoo_check import check
+
+    problems = check(zoo, steps)
+    for line in problems:
+        print(f"zoo: check: {line}", flush=True)
+    if problems or args.check:
+        print(f"zoo: check: {len(problems)} problems" + (": fix them, then run again" if problems else ": ready"),
+              flush=True)
+        return 2 if problems else 0
     build = Build(zoo, steps, args.out, zoo.jobs, args.max_seconds, say=lambda line: print(line, flush=True))
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the commands, write the report
     try:

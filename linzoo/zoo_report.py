@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from linzoo.formatting import format_bytes
-from linzoo.integrity import write_json
+from linzoo.integrity import read_json, write_json
 from linzoo.zoo import Step, Zoo, duration, is_done
 
 def niah_headline(r: dict) -> dict:
@@ -49,6 +49,19 @@ HEADLINES = {"niah": niah_headline, "quality": quality_headline, "instruct": ins
              "speed": speed_headline}
 
 
+def training_headline(record: dict | None) -> dict | None:
+    """A training record (linzoo_training.json): tokens trained, their tokens/s (the stages' own seconds, or the
+    command's), the last loss, and whether a deadline (`train_seconds`) stopped it before its budget."""
+    if not record:
+        return None
+    stages = record.get("stages") or []
+    tokens = sum((record.get("tokens") or {}).values())
+    seconds = sum(s.get("seconds") or 0 for s in stages) or record.get("seconds")
+    loss = stages[-1].get("final_loss") if stages else record.get("final_loss")
+    return {"tokens": tokens, "tokens_per_second": tokens / seconds if seconds else None, "final_loss": loss,
+            "stopped_at_deadline": any(s.get("stopped_at_deadline") for s in stages)}
+
+
 def report_rows(zoo: Zoo, steps: list[Step], state: dict, status_of=None) -> list[dict]:
     """One dict per step: what it is, its state, its seconds, and each eval's headline numbers (None: not measured)."""
     from linzoo.evals.registry import get_eval
@@ -61,6 +74,8 @@ def report_rows(zoo: Zoo, steps: list[Step], state: dict, status_of=None) -> lis
                "seconds": round(sum(r.get("seconds", 0) for r in records.values())),
                "state": status_of(s) if status_of else "done" if all(is_done(s, c, state) for c in s.commands)
                else "to do", "evals": {}}
+        row["training"] = training_headline(read_json(s.train.output) if s.train and s.train.output.is_file()
+                                            else None)
         commands = {c.label: c for c in s.evals}  # a row runs the evals its variant gets (`variants`): by label
         for e in zoo.evals:
             cmd = commands.get(f"eval {e.label}")
@@ -110,6 +125,14 @@ def check_targets(targets: dict, evals: dict, teacher: dict) -> list[dict]:
     return out
 
 
+def training_cell(t: dict | None) -> str:
+    if not t:
+        return "—"
+    rate = f" ({t['tokens_per_second']:,.0f})" if t["tokens_per_second"] else ""
+    loss = f", {t['final_loss']:.3f}" if t["final_loss"] is not None else ""
+    return f"{t['tokens']:,}{rate}{loss}" + (", **stopped by the deadline**" if t["stopped_at_deadline"] else "")
+
+
 def _num(x) -> str:
     return "—" if x is None else f"{x:.2f}"
 
@@ -124,15 +147,21 @@ def write_report(zoo: Zoo, steps: list[Step], out, state: dict, status_of=None) 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rows = report_rows(zoo, steps, state, status_of)
-    report = {"schema": "linzoo.zoo/v1", "zoo_file": zoo.path, "teacher": zoo.teacher,
+    import torch
+
+    from linzoo.evals.speed import device_name
+
+    device = device_name(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    report = {"schema": "linzoo.zoo/v1", "zoo_file": zoo.path, "teacher": zoo.teacher, "mixers": zoo.mixers,
+              "device": device,
               "written": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows, "claims": claims(rows)}
     write_json(out / "zoo.json", report)
-    (out / "zoo.md").write_text(markdown(zoo, rows))  # the table of zoo.json: written again after every step
+    (out / "zoo.md").write_text(markdown(zoo, rows, device))  # the table of zoo.json: written again after every step
     figure(rows, out / "zoo.png")
     return rows
 
 
-def markdown(zoo: Zoo, rows: list[dict]) -> str:
+def markdown(zoo: Zoo, rows: list[dict], device: str = "") -> str:
     heads, cells = [], [[] for _ in rows]
     for e in zoo.evals:  # by what its headline holds (HEADLINES)
         kind = [row["evals"].get(e.label) for row in rows]
@@ -180,15 +209,18 @@ def markdown(zoo: Zoo, rows: list[dict]) -> str:
                 c.append("measured" if h is not None else "—")
     done = sum(r["state"] == "done" for r in rows)
     lines = [f"# The zoo of `{zoo.path}`", "",
-             f"Teacher `{zoo.teacher}`; {done} of {len(rows)} steps done ({time.strftime('%Y-%m-%d %H:%M')}). "
+             f"Teacher `{zoo.teacher}`; {done} of {len(rows)} steps done ({time.strftime('%Y-%m-%d %H:%M')}"
+             f"{', on ' + device if device else ''}). "
              "NIAH: accuracy ± binomial standard error; recovery above chance: (s − c) / (t − c) over the tasks "
              "where the teacher is clearly above chance, ± its standard error; perplexity on held-out text over "
              "the teacher's (the student's own in brackets).", "",
-             "| model | parent | state | time | " + " | ".join(heads) + " | targets |", "|---" * (5 + len(heads)) + "|"]
+             "| model | parent | state | time | trained: tokens (tok/s), last loss | " + " | ".join(heads)
+             + " | targets |", "|---" * (6 + len(heads)) + "|"]
     for row, c in zip(rows, cells):
         name = f"teacher `{zoo.teacher}`" if row["step"] == "teacher" else row["step"]
         took = duration(row["seconds"]) if row["seconds"] else "—"
-        lines.append(f"| {name} | {row['parent'] or ''} | {row['state']} | {took} | " + " | ".join(c)
+        lines.append(f"| {name} | {row['parent'] or ''} | {row['state']} | {took} | {training_cell(row.get('training'))} | "
+                     + " | ".join(c)
                      + f" | {targets_cell(row.get('targets') or [])} |")
     if zoo.targets:
         lines += ["", "Targets (the zoo file's `targets`, per variant): "

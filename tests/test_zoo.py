@@ -234,19 +234,28 @@ def test_report_writers_on_hand_made_results(tmp_path):
                 (s.folder / "eval" / name).write_text(json.dumps(data))
     state = {"steps": {"gated_deltanet/base": {"train": {"seconds": 300.0, "rc": 0},
                                                "card": {"seconds": 5.0, "rc": 0}}}}
+    (steps[1].folder / "linzoo_training.json").write_text(json.dumps(  # a linearize record the deadline stopped
+        {"tokens": {"stage1-attention-transfer": 6000}, "stages": [
+            {"stage": "stage1-attention-transfer", "seconds": 30.0, "final_loss": 0.05, "stopped_at_deadline": True}]}))
+    (steps[2].folder / "linzoo_training.json").parent.mkdir(parents=True, exist_ok=True)
+    (steps[2].folder / "linzoo_training.json").write_text(json.dumps(  # sft's record
+        {"tokens": {"instruct": 3000}, "seconds": 15.0, "final_loss": 1.25}))
     rows = zoo_report.write_report(config, steps, out, state, status_of=lambda s: "done" if s.name in made else "to do")
     md = (out / "zoo.md").read_text()
     table = [line for line in md.splitlines() if line.startswith("| ")]
-    assert table[0] == ("| model | parent | state | time | niah by length (256 / 512) | niah: key log-prob (nats) "
+    assert table[0] == ("| model | parent | state | time | trained: tokens (tok/s), last loss "
+                        "| niah by length (256 / 512) | niah: key log-prob (nats) "
                         "| instruct: accuracy (× teacher) | instruct: EOS stop | quality: recovery above chance % "
                         "| quality: perplexity × teacher | quality: KL | targets |")
-    assert table[1] == ("| teacher `embedded` |  | done | — | 1.00±0.00 / 1.00±0.00 | -0.5±0.1 | 1.00±0.03 (1.00) "
+    assert table[1] == ("| teacher `embedded` |  | done | — | — | 1.00±0.00 / 1.00±0.00 | -0.5±0.1 | 1.00±0.03 (1.00) "
                         "| 0.86±0.02 | (the reference) | 1.00 (15.0) | — |  |")
-    assert table[2] == ("| gated_deltanet/base | teacher | done | 5 min | 0.75±0.10 / 0.90±0.10 | — | — | — | 41.5±3.6 "
+    assert table[2] == ("| gated_deltanet/base | teacher | done | 5 min | 6,000 (200), 0.050, **stopped by the deadline** "
+                        "| 0.75±0.10 / 0.90±0.10 | — | — | — | 41.5±3.6 "
                         "| 1.20 (18.0) | — | **missed** niah at 256 >= 0.8 x teacher (1.00): 0.75 |")
-    assert table[3] == ("| gated_deltanet/instruct | gated_deltanet/base | done | — | — | — | 0.85±0.03 (0.85) "
+    assert table[3] == ("| gated_deltanet/instruct | gated_deltanet/base | done | — | 3,000 (200), 1.250 | — | — "
+                        "| 0.85±0.03 (0.85) "
                         "| 0.79±0.02 | — | — | — | **missed** instruct EOS stop >= 0.9: 0.79 |")
-    assert table[4].startswith("| mamba2/base | teacher | done | — | 0.25±0.10 / 0.00±0.10 | — | — | — | — | — | — "
+    assert table[4].startswith("| mamba2/base | teacher | done | — | — | 0.25±0.10 / 0.00±0.10 | — | — | — | — | — | — "
                                "| **missed** niah at 256 >= 0.8 x teacher (1.00): 0.25; niah at 512 >= 0.8 x teacher "
                                "(1.00): 0.00 (1 not measured) |")
     assert "Targets (the zoo file's `targets`, per variant): base: niah of_teacher 0.8, at [256, 512]" in md
@@ -406,3 +415,109 @@ def test_side_by_side_commands_share_the_cores():
     assert zoo.job_env(10, {}, cores=16)["OMP_NUM_THREADS"] == "1" and zoo.job_env(4, {}, cores=16)["OMP_NUM_THREADS"] == "4"
     assert zoo.job_env(1, {"PATH": "/bin"}, cores=2) == {"PATH": "/bin"}
     assert zoo.job_env(2, {"OMP_NUM_THREADS": "2"}, cores=2) == {"OMP_NUM_THREADS": "2"}
+
+
+# --- the campaign runner's parts, now the zoo's: variants of some mixers, a training deadline, the check, the queue
+
+
+def test_variants_of_some_mixers_and_the_training_deadline(tmp_path, capsys):
+    """A campaign's runs are variants of one mixer each (`mixers`); `train_seconds` gives each linearize its
+    --max_wall_seconds from the build's first training start (kept in zoo_state.json), and a training that would
+    start after it does not: the row is reported not trained, and nothing else runs."""
+    variants = {"long": {"command": "linearize", "tokens": 6000, "mixers": ["gated_deltanet"]},
+                "short": {"command": "linearize", "tokens": 600},
+                "chat": {"command": "sft", "parent": "long", "tokens": 300}}
+    path = _three_variants(tmp_path, variants=variants, evals=[], train_seconds=600,
+                           estimate=ESTIMATE | {"eval_seconds": {}})
+    config, out = zoo.read_zoo(path), tmp_path / "runs"
+    steps = zoo.plan(config, out)
+    assert [s.name for s in steps] == ["teacher", "gated_deltanet/long", "gated_deltanet/short", "gated_deltanet/chat",
+                                       "mamba2/short"]
+    build = zoo.Build(config, steps, out, jobs=1)
+    flags = build.train_deadline(steps[1].train)
+    assert flags[0] == "--max_wall_seconds" and 595 <= int(flags[1]) <= 600
+    assert zoo.read_state(out)["train_began"] == build.state["train_began"]  # on disk before anything ran
+    assert build.train_deadline(steps[3].train) == []  # sft has no deadline flag: it runs to its end
+    build.state["train_began"] -= 550  # 50 s left: less than a training needs to start
+    assert build.train_deadline(steps[2].train) is None
+    zoo.write_json(out / zoo.STATE_FILE, build.state)
+    assert zoo.main(["--config", str(path), "--out", str(out)]) == 1
+    printed = capsys.readouterr().out
+    assert "gated_deltanet/long: not trained: the zoo's train_seconds (600 s) are spent" in printed
+    assert " started" not in printed and "zoo: FAILED: gated_deltanet/long, " in printed
+    bad = dict(variants, chat={"command": "sft", "parent": "short", "tokens": 300, "mixers": ["mamba2"]},
+               short={"command": "linearize", "tokens": 600, "mixers": ["gated_deltanet"]})
+    with pytest.raises(ValueError, match=r"variants.chat.mixers: mamba2: its parent short is not built for them"):
+        zoo.read_zoo(_three_variants(tmp_path, variants=bad, evals=[], estimate=ESTIMATE | {"eval_seconds": {}}))
+    with pytest.raises(ValueError, match=r"variants.long.mixers: give a list of the zoo's mixers"):
+        zoo.read_zoo(_three_variants(tmp_path, variants=dict(variants, long={**variants["long"], "mixers": ["gla"]}),
+                                     evals=[], estimate=ESTIMATE | {"eval_seconds": {}}))
+
+
+def test_the_check_names_every_problem_before_anything_runs(tmp_path, capsys, monkeypatch):
+    """`linzoo zoo --check`, and the start of every build: a training flag its command does not know, an eval flag,
+    the quality eval's data, a teacher that is not there, one line each; the modules a plan needs on CUDA."""
+    from linzoo import zoo_check
+
+    empty = tmp_path / "no-sets"
+    empty.mkdir()
+    monkeypatch.setenv("EVAL_DATA", str(empty))
+    variants = {"base": {"command": "linearize", "tokens": 600, "flags": ["--windw_size", "64"]},
+                "instruct": {"command": "sft", "parent": "base", "tokens": 300}}
+    path = _three_variants(tmp_path, teacher=str(tmp_path / "no-teacher"), mixers=["gated_deltanet"],
+                           variants=variants, evals=[{"eval": "niah", "flags": ["--lenghts", "256"]},
+                                                     {"eval": "quality"}],
+                           estimate=ESTIMATE | {"eval_seconds": {"niah": 30, "quality": 60}})
+    config = zoo.read_zoo(path)
+    problems = zoo_check.check(config, zoo.plan(config, tmp_path / "runs"), cuda=False)
+    assert problems[0] == f"teacher {tmp_path / 'no-teacher'}: no such file or folder"
+    assert problems[1].startswith("gated_deltanet/base: `linzoo linearize` would fail: unknown option --windw_size")
+    assert problems[2] == "eval niah: unknown flags --lenghts 256 (`linzoo eval niah --help` lists them)"
+    assert problems[3] == (f"eval quality reads the five sets from {empty}, which lacks lambada_openai, winogrande, "
+                           "arc_easy, arc_challenge, piqa.jsonl")
+    assert len(problems) == 4
+    assert zoo.main(["--config", str(path), "--out", str(tmp_path / "runs")]) == 2  # a build stops before it starts
+    printed = capsys.readouterr().out
+    assert "zoo: check: 4 problems: fix them, then run again" in printed and not (tmp_path / "runs").exists()
+    good = _three_variants(tmp_path, mixers=["gated_deltanet", "xlstm"])
+    assert zoo.main(["--config", str(good), "--out", str(tmp_path / "runs"), "--check"]) == 0
+    assert capsys.readouterr().out.endswith("zoo: check: 0 problems: ready\n")
+    config = zoo.read_zoo(good)
+    steps = zoo.plan(config, tmp_path / "runs")
+    assert zoo_check.needed_modules(config, steps, cuda=True) == ["fla", "tilelang", "gguf", "trl", "datasets",
+                                                                  "mlstm_kernels"]
+    assert zoo_check.needed_modules(config, steps, cuda=False) == ["gguf", "trl", "datasets"]
+
+
+def test_the_queue_fires_the_first_build_not_done(tmp_path, capsys, monkeypatch):
+    """A queue file lists builds (`ZOO_FILE [--mixers a,b]`); `--next` prints the first that no zoo.json under
+    --results shows complete (same file, same mixers, every row done): a partial report keeps it at the head. The
+    shipped queue, recipes/135m/gpu-queue.txt, reads."""
+    whole = _three_variants(tmp_path)
+    queue = tmp_path / "queue.txt"
+    queue.write_text(f"# two parts of one zoo\n{whole} --mixers mamba2\n{whole}   # then all of it\n")
+    results = tmp_path / "results"
+    assert zoo.next_in_queue(queue, results) == (str(whole), ["--mixers", "mamba2"])
+
+    def report(day, mixers, states):
+        (results / day).mkdir(parents=True, exist_ok=True)
+        (results / day / "zoo.json").write_text(json.dumps({"schema": "linzoo.zoo/v1", "zoo_file": f"/elsewhere/{whole.name}",
+                                                            "mixers": mixers, "rows": [{"state": s} for s in states]}))
+    report("2026-12-10", ["mamba2"], ["done", "done", "failed"])
+    assert zoo.next_in_queue(queue, results) == (str(whole), ["--mixers", "mamba2"])  # partial: fired again
+    report("2026-12-10", ["mamba2"], ["done"] * 4)
+    assert zoo.main(["--next", str(queue), "--results", str(results)]) == 0
+    assert capsys.readouterr().out == f"{whole}\n"
+    report("2026-12-11", ["gated_deltanet", "mamba2"], ["done"] * 7)
+    assert zoo.main(["--next", str(queue), "--results", str(results)]) == 1
+    assert "every build of" in capsys.readouterr().out
+    queue.write_text(f"{whole} --mixers gla\n")
+    with pytest.raises(ValueError, match=r"--mixers gla: name mixers of"):
+        zoo.read_queue(queue)
+    queue.write_text("recipes/135m/no_such.yaml\n")
+    with pytest.raises(ValueError, match=r"queue.txt:1: 'recipes/135m/no_such.yaml' is not a zoo file"):
+        zoo.read_queue(queue)
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(root)  # the queue's paths are the checkout's
+    assert [e[0] for e in zoo.read_queue(root / "recipes" / "135m" / "gpu-queue.txt")][:2] == [
+        "recipes/135m/speed-gpu.yaml", "recipes/135m/zoo-gpu.yaml"]
