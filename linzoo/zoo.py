@@ -4,15 +4,20 @@ instruct-distilled, ...), each evaluated beside the teacher, with one report.
     linzoo zoo --config recipes/135m/zoo-cpu.yaml --dry-run              # the plan and its time estimate; runs nothing
     linzoo zoo --config recipes/135m/zoo-cpu.yaml --out runs/zoo         # build it (run again after a kill: resumes)
     linzoo zoo --config recipes/135m/zoo-gpu.yaml --jobs 4 --max-seconds 1500
+    linzoo zoo --config recipes/135m/zoo-gpu.yaml --check               # what it would fail on, one line each
+    linzoo zoo --next recipes/135m/gpu-queue.txt                        # the queue's first build not yet reported
 
 The zoo file (YAML; an unknown key, mixer, command, eval or parent is a one-line error naming the key):
 
     teacher: embedded                     # what linearize and distill-instruct learn from, evaluated once
     mixers: all                           # every mixer of the registry, or a list of names
     jobs: 1                               # steps side by side (--jobs overrides)
+    train_seconds: 540                    # optional: every training ends by then (from the build's first training)
     variants:                             # <out>/<mixer>/<variant>, in this order (parents first)
       base:     {command: linearize, tokens: 20000, flags: [--window_size, "64"]}
       instruct: {command: sft, parent: base, tokens: 20000, flags: [--dataset, embedded]}
+      long:     {command: linearize, tokens: 90000, mixers: [gated_deltanet]}   # some mixers only (a child: its
+                                                                                # parent's, unless it says)
     evals:                                # on every row and once on the teacher: <folder>/eval[/<sub>]
       - {eval: niah, flags: [--lengths, "256,512"]}
       - {eval: niah, sub: natural, flags: [--variant, natural, --lengths, "256,512"]}
@@ -31,8 +36,11 @@ Resuming: a command whose output is there (a trained folder's lineage; an eval's
 weights) is skipped unless zoo_state.json records another command line for it; anything else runs again, and the
 trainers resume a killed run from its checkpoints (or refuse a folder of other arguments). `<out>/zoo_state.json`
 keeps each command's line, exit code and seconds, which size the estimates of the steps left. `--max-seconds`
-stops every running command at that deadline (the next call resumes). The report, `<out>/zoo.md`, `zoo.json` and
-`zoo.png`, is written after every step.
+stops every running command at that deadline (the next call resumes); `train_seconds` gives each training its own
+(linearize's --max_wall_seconds: it stops, saves and is evaluated; a training that would start after it does not).
+A build first checks what it would fail on (linzoo/zoo_check.py). The report, `<out>/zoo.md`, `zoo.json` and
+`zoo.png`, is written after every step. This is also the engine of the lent GPU's plans (scripts/device_jobs.sh
+stages the machine, runs a build and packs its report).
 """
 
 from __future__ import annotations
@@ -655,8 +663,9 @@ def last_line(log: Path) -> str:
 
 
 def read_queue(path) -> list[tuple[str, list[str]]]:
-    """A queue file (e.g. recipes/135m/gpu-queue.txt): one build a line, `ZOO_FILE [--mixers a,b]`, in the order a
-    lent GPU fires them; `#` starts a comment. Each zoo file is read (a bad one is named now, not on the GPU)."""
+    """A queue file (e.g. recipes/135m/gpu-queue.txt): one build a line, `ZOO_FILE [--mixers a,b]` (the zoo file's
+    path from the queue's folder), in the order a lent GPU fires them; `#` starts a comment. Returned with each path
+    joined to the queue's folder. Each zoo file is read (a bad one is named now, not on the GPU)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"queue file {path} does not exist")
@@ -665,11 +674,11 @@ def read_queue(path) -> list[tuple[str, list[str]]]:
         words = shlex.split(line, comments=True)
         if not words:
             continue
-        zoo_file, args = words[0], words[1:]
+        zoo_file, args = str(path.parent / words[0]), words[1:]
         if args and (len(args) != 2 or args[0] != "--mixers"):
             raise ValueError(f"{path}:{number}: {shlex.join(args)}: a line is a zoo file, then --mixers a,b or nothing")
         if not Path(zoo_file).is_file():
-            raise ValueError(f"{path}:{number}: {zoo_file!r} is not a zoo file (paths are from the checkout's root)")
+            raise ValueError(f"{path}:{number}: {words[0]!r} is not a zoo file (paths are from the queue's folder)")
         zoo = read_zoo(zoo_file)
         if args:
             choose_mixers(zoo, args[1])

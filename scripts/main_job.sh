@@ -31,7 +31,7 @@ linzoo eval niah --model "$OUT" --teacher embedded --variant natural --lengths 2
 linzoo eval quality --model "$OUT" --teacher embedded ${EVAL_DATA:+--data_dir "$EVAL_DATA"} --limit 20 \
   --heldout_tokens 2048 --out "$OUT/eval"
 # Is the student cheaper than its teacher? One 2k-token prefill and 16 decoded tokens each (~40 s): the CPU figure of
-# issue 31; the GPU's, 1k-32k tokens at batch 1 and 8, is recipes/135m/speed.runs.
+# issue 31; the GPU's, 1k-32k tokens at batch 1 and 8, is recipes/135m/speed-gpu.yaml.
 linzoo eval speed --models embedded "$OUT" --lengths 2048 --batch_sizes 1 --repeats 1 --decode_tokens 16 \
   --out "$OUT/eval/speed"
 python - "$OUT" <<'PY'

@@ -495,7 +495,7 @@ def test_the_queue_fires_the_first_build_not_done(tmp_path, capsys, monkeypatch)
     shipped queue, recipes/135m/gpu-queue.txt, reads."""
     whole = _three_variants(tmp_path)
     queue = tmp_path / "queue.txt"
-    queue.write_text(f"# two parts of one zoo\n{whole} --mixers mamba2\n{whole}   # then all of it\n")
+    queue.write_text(f"# two parts of one zoo\n{whole.name} --mixers mamba2\n{whole.name}   # then all of it\n")
     results = tmp_path / "results"
     assert zoo.next_in_queue(queue, results) == (str(whole), ["--mixers", "mamba2"])
 
@@ -511,13 +511,12 @@ def test_the_queue_fires_the_first_build_not_done(tmp_path, capsys, monkeypatch)
     report("2026-12-11", ["gated_deltanet", "mamba2"], ["done"] * 7)
     assert zoo.main(["--next", str(queue), "--results", str(results)]) == 1
     assert "every build of" in capsys.readouterr().out
-    queue.write_text(f"{whole} --mixers gla\n")
+    queue.write_text(f"{whole.name} --mixers gla\n")
     with pytest.raises(ValueError, match=r"--mixers gla: name mixers of"):
         zoo.read_queue(queue)
-    queue.write_text("recipes/135m/no_such.yaml\n")
-    with pytest.raises(ValueError, match=r"queue.txt:1: 'recipes/135m/no_such.yaml' is not a zoo file"):
+    queue.write_text("no_such.yaml\n")
+    with pytest.raises(ValueError, match=r"queue.txt:1: 'no_such.yaml' is not a zoo file"):
         zoo.read_queue(queue)
-    root = Path(__file__).resolve().parents[1]
-    monkeypatch.chdir(root)  # the queue's paths are the checkout's
-    assert [e[0] for e in zoo.read_queue(root / "recipes" / "135m" / "gpu-queue.txt")][:2] == [
-        "recipes/135m/speed-gpu.yaml", "recipes/135m/zoo-gpu.yaml"]
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    assert zoo.read_queue(Path("recipes/135m/gpu-queue.txt"))[:2] == [
+        ("recipes/135m/speed-gpu.yaml", []), ("recipes/135m/zoo-gpu.yaml", ["--mixers", "gated_deltanet,deltanet"])]

@@ -27,7 +27,7 @@ RESULT_NEUTRAL = {"output_dir", "run_name", "report_to", "project", "disable_tqd
                   "dataloader_num_workers", "dataloader_pin_memory", "dataloader_persistent_workers",
                   "dataloader_prefetch_factor",
                   # a deadline bounds one call: a resumed run goes on under the new one (a stage that stopped at the
-                  # old one is done, as it was saved); the GPU campaign resumes its runs with the time left
+                  # old one is done, as it was saved); a zoo with train_seconds resumes its runs with the time left
                   "max_wall_seconds"}
 RESULT_NEUTRAL_PREFIXES = ("logging_", "log_", "save_", "hub_", "trackio_")
 
