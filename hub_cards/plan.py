@@ -336,9 +336,10 @@ def plan_space(space_dir, repo_id: str, models: list[str], results: dict[str, Pa
               and p.name not in ("README.md", "requirements.txt") and p.suffix != ".whl"
               and (p.suffix != ".py" or p.name == "app.py")]
     files.append((wheel.name, wheel))
-    for name, eval_dir in results.items():
-        files += [(f"results/{name}/{f}", eval_dir / f) for spec in all_evals() for f in spec.files
-                  if (eval_dir / f).is_file()]
+    for name, eval_dir in results.items():  # eval/ and its sub-folders (a zoo's evals run again: eval/natural, ...)
+        subs = [""] + (sorted(p.name for p in eval_dir.iterdir() if p.is_dir()) if eval_dir.is_dir() else [])
+        files += [(f"results/{name}/{sub + '/' if sub else ''}{f}", eval_dir / sub / f) for sub in subs
+                  for spec in all_evals() for f in spec.files if (eval_dir / sub / f).is_file()]
     pin = next((line.split("==")[1].strip() for line in requirements if line.startswith("gradio==")), None)
     python, requires = str(card.data.python_version or ""), _requires_python(wheel)
     checks = [Check("app.py present", (space_dir / "app.py").is_file()),

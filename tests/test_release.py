@@ -489,6 +489,22 @@ def test_space_repo_gets_app_py_and_the_logic_comes_in_the_wheel(linzoo_wheel):
         assert {"linzoo/spaces/niah/app.py", "linzoo/spaces/niah/niah_space.py"} <= set(wheel.namelist())
 
 
+def test_space_gets_the_results_of_evals_run_again_in_eval_subfolders(linzoo_wheel, tmp_path):
+    """A zoo's instruct row keeps NIAH in eval/short, eval/chat, ...: the Space's results/ gets them beside eval/'s
+    own (its "Measured results" tab reads results/ recursively), and nothing that is not an eval's file."""
+    eval_dir = tmp_path / "gdn-instruct" / "eval"
+    for sub in ("", "chat", "natural-short"):
+        (eval_dir / sub).mkdir(parents=True, exist_ok=True)
+        (eval_dir / sub / ("instruct.json" if not sub else "niah.json")).write_text("{}")
+    (eval_dir / "chat" / "niah_heatmap.png").write_bytes(b"png")
+    (eval_dir / "chat" / "notes.txt").write_text("not an eval's file")
+    planned = plan.plan_space(push_zoo.SPACE_DIR, "tester/linzoo-niah", ["embedded"],
+                              {"gated_deltanet/instruct": eval_dir}, linzoo_wheel)
+    assert sorted(path for path, _ in planned.files if path.startswith("results/")) == [
+        "results/gated_deltanet/instruct/chat/niah.json", "results/gated_deltanet/instruct/chat/niah_heatmap.png",
+        "results/gated_deltanet/instruct/instruct.json", "results/gated_deltanet/instruct/natural-short/niah.json"]
+
+
 def test_space_plan_checks_its_install(linzoo_wheel, tmp_path):
     space_dir = shutil.copytree(push_zoo.SPACE_DIR, tmp_path / "niah")
     models = ["tester/linzoo-gated-deltanet-base", "embedded"]
