@@ -16,8 +16,8 @@ The zoo file (YAML; an unknown key, mixer, command, eval or parent is a one-line
     variants:                             # <out>/<mixer>/<variant>, in this order (parents first)
       base:     {command: linearize, tokens: 20000, flags: [--window_size, "64"]}
       instruct: {command: sft, parent: base, tokens: 20000, flags: [--dataset, embedded]}
-      long:     {command: linearize, tokens: 90000, mixers: [gated_deltanet]}   # some mixers only (a child: its
-                                                                                # parent's, unless it says)
+      long:     {command: linearize, tokens: 90000, mixers: [MIXER, ...]}   # some mixers only (a variant with a
+                                                                             # parent: the parent's, unless it says)
     evals:                                # on every row and once on the teacher: <folder>/eval[/<sub>]
       - {eval: niah, flags: [--lengths, "256,512"]}
       - {eval: niah, sub: natural, flags: [--variant, natural, --lengths, "256,512"]}

@@ -31,14 +31,17 @@ TRAIN_TYPES = {
 
 
 def needed_modules(zoo: Zoo, steps: list[Step], cuda: bool) -> list[str]:
-    """The modules of NEEDS the plan imports: lm_eval with the quality eval, gguf with a GGUF teacher, mlstm_kernels
-    with xlstm rows, and the CUDA kernels only on CUDA."""
+    """The modules of NEEDS the plan imports: lm_eval with the quality eval, gguf with a GGUF teacher, and on CUDA
+    the packages of the rows' mixers' kernels (the registry's `fast_kernels`) with tilelang."""
+    from linzoo.modeling.kernels import FUSED_OPS
+    from linzoo.modeling.mixers import MIXER_CLASSES
+
     evals = {e.eval for e in zoo.evals}
-    gguf = zoo.teacher == "embedded" or zoo.teacher.endswith(".gguf")
-    xlstm = any(s.mixer == "xlstm" for s in steps)
-    wanted = {"fla": cuda, "tilelang": cuda, "gguf": gguf, "trl": True, "datasets": True,
-              "lm_eval": "quality" in evals, "mlstm_kernels": cuda and xlstm}
-    return [m for m in NEEDS if wanted[m]]
+    kernels = [FUSED_OPS, *(MIXER_CLASSES[m].fast_kernels for m in {s.mixer for s in steps if s.mixer})]
+    packages = {path.split(".")[0] for k in kernels if k is not None for path in k.paths.values()}
+    wanted = {"tilelang": cuda, "gguf": zoo.teacher == "embedded" or zoo.teacher.endswith(".gguf"), "trl": True,
+              "datasets": True, "lm_eval": "quality" in evals} | {p: cuda for p in packages}
+    return [m for m in NEEDS if wanted.get(m)]
 
 
 def _dataclasses(command: str) -> tuple:
