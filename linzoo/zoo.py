@@ -513,8 +513,11 @@ class Build:
         return makespan(tasks, self.jobs) if tasks else 0.0
 
     def record(self, step: Step, cmd: Command, rc: int, seconds: float):
+        tokens = cmd.tokens
+        if cmd.label == "train" and rc == 0 and cmd.output.is_file():  # what it trained (a deadline may stop it early)
+            tokens = sum((read_json(cmd.output).get("tokens") or {}).values()) or tokens
         self.state["steps"].setdefault(step.name, {})[cmd.label] = {
-            "label": cmd.label, "argv": cmd.argv, "rc": rc, "seconds": round(seconds, 1), "tokens": cmd.tokens,
+            "label": cmd.label, "argv": cmd.argv, "rc": rc, "seconds": round(seconds, 1), "tokens": tokens,
             "command": cmd.command, "ended": time.strftime("%Y-%m-%d %H:%M:%S")}
         self.out.mkdir(parents=True, exist_ok=True)
         write_json(self.out / STATE_FILE, self.state)

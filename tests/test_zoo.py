@@ -440,6 +440,12 @@ def test_variants_of_some_mixers_and_the_training_deadline(tmp_path, capsys):
     assert build.train_deadline(steps[3].train) == []  # sft has no deadline flag: it runs to its end
     build.state["train_began"] -= 550  # 50 s left: less than a training needs to start
     assert build.train_deadline(steps[2].train) is None
+    steps[1].folder.mkdir(parents=True)  # a training the deadline stopped: the state records what it trained
+    (steps[1].folder / "linzoo_training.json").write_text(json.dumps({"tokens": {"stage1": 1000, "stage2": 500}}))
+    build.record(steps[1], steps[1].train, 0, 60.0)
+    assert build.state["steps"]["gated_deltanet/long"]["train"]["tokens"] == 1500  # not the 6000 planned
+    del build.state["steps"]["gated_deltanet/long"]
+    (steps[1].folder / "linzoo_training.json").unlink()
     zoo.write_json(out / zoo.STATE_FILE, build.state)
     assert zoo.main(["--config", str(path), "--out", str(out)]) == 1
     printed = capsys.readouterr().out
