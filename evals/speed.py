@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 from .common import (EvalSpec, ModelArguments, check_out_dir, check_quantize, load_for_eval, measured, parse_list,
-                     quantize_field, render, write_json)
+                     quantize_field, render, weights_sha256, write_json)
 from linzoo.formatting import format_bytes
 
 SCHEMA = "linzoo.speed/v1"
@@ -302,7 +302,12 @@ def run_speed(models: dict, lengths, batch_sizes, decode_tokens: int = 32, repea
     finally:
         torch.set_num_threads(before)
     load.append(os.getloadavg()[0])
-    return {"schema": SCHEMA, "models": list(models), "teacher": next(iter(models)), "device": str(device),
+    hashes = {spec: weights_sha256(spec) for spec in models}
+    return {"schema": SCHEMA, "models": list(models), "teacher": next(iter(models)),
+            # what the results measured: each model's weights, and as `weights_sha256` the first student's (whose
+            # folder they go to by default: its card and the zoo take them as its own)
+            "weights_sha256_by_model": hashes, "weights_sha256": hashes[list(models)[1]] if len(models) > 1 else None,
+            "device": str(device),
             "device_name": device_name(torch.device(device)), "threads": threads, "dtype": dtype,
             "quantize": quantize, "lengths": lengths, "batch_sizes": batch_sizes, "decode_tokens": decode_tokens, "repeats": repeats,
             "max_seconds_per_cell": max_seconds_per_cell, "seed": seed,

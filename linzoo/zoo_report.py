@@ -157,8 +157,39 @@ def write_report(zoo: Zoo, steps: list[Step], out, state: dict, status_of=None) 
               "written": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows, "claims": claims(rows)}
     write_json(out / "zoo.json", report)
     (out / "zoo.md").write_text(markdown(zoo, rows, device))  # the table of zoo.json: written again after every step
+    (out / "zoo-summary.md").write_text(summary(rows, [e.label for e in zoo.evals]))  # the README's short table
     figure(rows, out / "zoo.png")
     return rows
+
+
+def summary(rows: list[dict], labels: list[str]) -> str:
+    """The short table of zoo.json's rows (the README's): per eval label one cell of its headline numbers without
+    their errors (zoo.md has them): NIAH accuracy by length, recovery above chance and perplexity × teacher,
+    instruction accuracy and EOS stop, state bytes and decode time × teacher."""
+    def cell(h) -> str:
+        if not h:
+            return "—"
+        if "by_length" in h:
+            return " / ".join(f"{v[0]:.2f}" for v in h["by_length"].values())
+        if "recovery_above_chance" in h:
+            rec, ratio = h["recovery_above_chance"][0], h.get("perplexity_ratio")
+            return f"{'—' if rec is None else f'{rec:.0f} %'}, {'—' if ratio is None else f'{ratio:.2f}x'}"
+        if "stop_rate" in h:
+            return f"{h['accuracy'][0]:.2f}, {h['stop_rate'][0]:.2f}"
+        if "state_bytes" in h:
+            return f"{format_bytes(h['state_bytes'])}, {h['decode_ms_per_token_ratio']:.2f}x"
+        return "measured"
+
+    names = {"quality": "quality: above chance, ppl × teacher", "instruct": "instruction answers, EOS stop",
+             "speed": "speed: state, decode × teacher"}
+    heads = [names.get(label, f"{label} by length") for label in labels]
+    lines = ["| row | " + " | ".join(heads) + " |", "|---" * (1 + len(heads)) + "|"]
+    for row in rows:
+        if row["state"] != "done":
+            continue
+        lines.append(f"| {'teacher' if row['step'] == 'teacher' else row['step']} | "
+                     + " | ".join(cell(row["evals"].get(label)) for label in labels) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def markdown(zoo: Zoo, rows: list[dict], device: str = "") -> str:

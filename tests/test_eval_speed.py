@@ -47,6 +47,11 @@ def test_rows_and_ratios(cli_run, tiny_teacher_dir, tiny_student_dir):
     teacher, student = str(tiny_teacher_dir), str(tiny_student_dir)
     assert saved["schema"] == speed.SCHEMA and saved["models"] == [teacher, student] and saved["teacher"] == teacher
     assert saved["lengths"] == [16, 32] and saved["batch_sizes"] == [1, 2] and saved["skipped"] == []
+    from linzoo.evals.common import weights_sha256
+
+    # what it measured: each model's weights, and as its own the first student's (the zoo and the cards read that)
+    assert saved["weights_sha256_by_model"] == {m: weights_sha256(m) for m in (teacher, student)}
+    assert saved["weights_sha256"] == weights_sha256(student) is not None
     rows = {(r["model"], r["length"], r["batch"]): r for r in saved["rows"]}
     assert set(rows) == {(m, l, b) for m in (teacher, student) for l in (16, 32) for b in (1, 2)}
     for (model, length, batch), row in rows.items():

@@ -259,6 +259,13 @@ def test_report_writers_on_hand_made_results(tmp_path):
                                "| **missed** niah at 256 >= 0.8 x teacher (1.00): 0.25; niah at 512 >= 0.8 x teacher "
                                "(1.00): 0.00 (1 not measured) |")
     assert "Targets (the zoo file's `targets`, per variant): base: niah of_teacher 0.8, at [256, 512]" in md
+    assert (out / "zoo-summary.md").read_text().splitlines() == [  # the README's short table: done rows only
+        "| row | niah by length | instruction answers, EOS stop | quality: above chance, ppl × teacher |",
+        "|---|---|---|---|",
+        "| teacher | 1.00 / 1.00 | 1.00, 0.86 | —, 1.00x |",
+        "| gated_deltanet/base | 0.75 / 0.90 | — | 42 %, 1.20x |",
+        "| gated_deltanet/instruct | — | 0.85, 0.79 | — |",
+        "| mamba2/base | 0.25 / 0.00 | — | — |"]
     saved = json.loads((out / "zoo.json").read_text())
     assert saved["rows"] == rows and saved["teacher"] == "embedded"
     assert rows[1]["evals"]["quality"]["recovery_above_chance"] == [41.5, 3.6]
@@ -526,3 +533,11 @@ def test_the_queue_fires_the_first_build_not_done(tmp_path, capsys, monkeypatch)
     monkeypatch.chdir(Path(__file__).resolve().parents[1])
     assert zoo.read_queue(Path("recipes/135m/gpu-queue.txt"))[:2] == [
         ("recipes/135m/speed-gpu.yaml", []), ("recipes/135m/zoo-gpu.yaml", ["--mixers", "gated_deltanet,deltanet"])]
+
+
+def test_the_readme_zoo_table_is_the_committed_builds():
+    """The README's zoo section is the short table (zoo-summary.md) of the latest committed CPU zoo build."""
+    root = Path(__file__).resolve().parents[1]
+    builds = sorted((root / "results" / "zoo" / "cpu").glob("*/zoo-summary.md"))
+    assert builds, "no committed zoo build: results/zoo/cpu/<date>/zoo-summary.md"
+    assert builds[-1].read_text() in (root / "README.md").read_text(), f"README's zoo table drifted: paste {builds[-1]}"
