@@ -701,10 +701,16 @@ def next_in_queue(queue, results) -> tuple[str, list[str]] | None:
         zoo = read_zoo(zoo_file)
         if args:
             choose_mixers(zoo, args[1])
-        if not any(Path(r.get("zoo_file", "")).name == Path(zoo_file).name and r.get("mixers") == zoo.mixers
+        if not any(Path(r.get("zoo_file", "")).name == Path(zoo_file).name and set(report_mixers(r)) == set(zoo.mixers)
                    and r.get("rows") and all(row.get("state") == "done" for row in r["rows"]) for r in reports):
             return zoo_file, args
     return None
+
+
+def report_mixers(report: dict) -> list[str]:
+    """The mixers a zoo.json built: its `mixers`, or (a report written before it had them) its rows'."""
+    return report.get("mixers") or list(dict.fromkeys(row["mixer"] for row in report.get("rows") or []
+                                                      if row.get("mixer")))
 
 
 def choose_mixers(zoo: Zoo, names: str):

@@ -182,11 +182,14 @@ def summary(rows: list[dict], labels: list[str]) -> str:
 
     names = {"quality": "quality: above chance, ppl × teacher", "instruct": "instruction answers, EOS stop",
              "speed": "speed: state, decode × teacher"}
-    heads = [names.get(label, f"{label} by length") for label in labels]
+    rows = [row for row in rows if row["state"] == "done"]
+    heads = []
+    for label in labels:
+        lengths = list(dict.fromkeys(n for row in rows if (h := row["evals"].get(label)) and "by_length" in h
+                                     for n in h["by_length"]))
+        heads.append(names.get(label, f"{label} ({' / '.join(lengths)})" if lengths else label))
     lines = ["| row | " + " | ".join(heads) + " |", "|---" * (1 + len(heads)) + "|"]
     for row in rows:
-        if row["state"] != "done":
-            continue
         lines.append(f"| {'teacher' if row['step'] == 'teacher' else row['step']} | "
                      + " | ".join(cell(row["evals"].get(label)) for label in labels) + " |")
     return "\n".join(lines) + "\n"

@@ -56,10 +56,18 @@ if [ -n "$DRY" ]; then echo "cpu (DRY=1 rehearsal, teacher $TEACHER)" | tee "$OU
 else nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee "$OUT/card.txt"; fi
 [ "$TEACHER" = embedded ] && python3 -c "from linzoo.loading import resolve; print(resolve('embedded'))"  # convert the GGUF once
 
-save_triton() {  # tar exits 1 when a file changed as it read it (jobs still compiling): the archive is kept then
+save_triton() {  # the compiled kernels, for the next lease (a cold cache cost 80-140 s a stage on 2026-12-06): as
+  # triton-cache.tgz, or in 16 MB parts (.part00, ...; `cat` them together) in the files $OUT has left of its 8.
+  # tar exits 1 when a file changed as it read it (jobs still compiling): the archive is kept then.
   [ -d "${TRITON_CACHE_DIR:-}" ] || return 0
-  tar czf "$WORK/triton.tgz" --warning=no-file-changed -C "$TRITON_CACHE_DIR" . ; [ $? -le 1 ] \
-    && [ "$(stat -c %s "$WORK/triton.tgz")" -lt 16000000 ] && cp "$WORK/triton.tgz" "$OUT/triton-cache.tgz"; }
+  rm -f "$OUT"/triton-cache.tgz*
+  tar czf "$WORK/triton.tgz" --warning=no-file-changed -C "$TRITON_CACHE_DIR" . ; [ $? -le 1 ] || return 0
+  local size parts free
+  size=$(stat -c %s "$WORK/triton.tgz") parts=$(( ($(stat -c %s "$WORK/triton.tgz") + 15999999) / 16000000 ))
+  free=$((8 - $(find "$OUT" -maxdepth 1 -type f | wc -l)))
+  if [ "$parts" = 1 ]; then cp "$WORK/triton.tgz" "$OUT/triton-cache.tgz"
+  elif [ "$parts" -le "$free" ]; then split -b 16000000 -d "$WORK/triton.tgz" "$OUT/triton-cache.tgz.part"
+  else echo "triton cache: $size bytes, $parts parts of 16 MB, $free files left in \$OUT: not packed"; fi; }
 
 lines() { [ -f "$1" ] && wc -l <"$1" || echo 0; }
 
@@ -99,9 +107,11 @@ zoo)
   in_background "$Z.lock" "$Z.log" python3 -m linzoo.cli zoo --config "$ZOO" --out "$Z" ${ZOO_ARGS:-}
   if follow "$Z.lock" "$Z.log" 25 "$from"; then echo "zoo: still building at the limit: call again"
   else echo "zoo: the build has ended (its last line above)"; fi
-  cp "$Z/zoo.md" "$Z/zoo.json" "$Z/zoo.png" "$Z/zoo_state.json" "$OUT/" 2>/dev/null
+  cp "$Z/zoo.md" "$Z/zoo.json" "$Z/zoo.png" "$OUT/" 2>/dev/null
   tail -c 4000000 "$Z.log" >"$OUT/zoo.log"
-  (cd "$Z" && shopt -s nullglob globstar && files=(**/README.md **/eval/**/*.json **/eval/**/*.png **/linzoo_training.json **/*.log)
+  # the state, the short table, and every row's card, results and logs in one archive: files left for the kernels
+  (cd "$Z" && shopt -s nullglob globstar && files=(zoo_state.json zoo-summary.md **/README.md **/eval/**/*.json
+   **/eval/**/*.png **/linzoo_training.json **/*.log)
    [ ${#files[@]} -gt 0 ] && tar czf "$OUT/zoo_rows.tgz" "${files[@]}")
   save_triton ;;
 bench)  # resumable across calls like the zoo: call it again to wait for it; each call copies what it has so far
