@@ -71,6 +71,11 @@ TEACHER_FLAGS = {"quality": lambda teacher, results: ["--teacher", teacher, "--t
 # eval -> the flags that name a student's row where not `--model ROW`: (teacher spec, row) -> flags. These evals
 # measure the teacher beside the row in the same process (their ratios are of one run), so the teacher's row has none.
 MODEL_FLAGS = {"speed": lambda teacher, model: ["--models", teacher, model]}
+
+
+def model_flags(eval_name: str, teacher: str, model: str) -> list[str]:
+    """How a row's model is named to `linzoo eval <eval_name>`."""
+    return MODEL_FLAGS[eval_name](teacher, model) if eval_name in MODEL_FLAGS else ["--model", model]
 OWNED = {"--teacher", "--mixer", "--model_name_or_path", "--total_tokens", "--output_dir", "--model", "--models",
          "--out", "--teacher_results"}
 TOP_KEYS = {"teacher", "mixers", "jobs", "variants", "evals", "estimate", "targets", "train_seconds"}
@@ -256,6 +261,9 @@ def read_zoo(path) -> Zoo:
         raise ValueError(f"{at('teacher')}: give a Hub id, a folder, a .gguf file or 'embedded'")
     targets = read_targets(raw.get("targets") or {}, at("targets"), ordered, evals)
     train_seconds = _number(raw["train_seconds"], at("train_seconds")) if "train_seconds" in raw else None
+    if train_seconds is not None and train_seconds < MIN_TRAIN_SECONDS:
+        raise ValueError(f"{at('train_seconds')}: {train_seconds:g}: a training needs at least {MIN_TRAIN_SECONDS} s "
+                         "to start")
     return Zoo(str(path), teacher, mixers, jobs, ordered, evals, estimate, targets, train_seconds)
 
 
@@ -343,8 +351,8 @@ def eval_commands(zoo: Zoo, model: str, folder: Path, teacher_eval: Path | None,
         extra = []
         if teacher_eval is not None and e.eval in TEACHER_FLAGS:
             extra = TEACHER_FLAGS[e.eval](zoo.teacher, (teacher_eval / e.sub if e.sub else teacher_eval) / result)
-        names = MODEL_FLAGS[e.eval](zoo.teacher, model) if e.eval in MODEL_FLAGS else ["--model", model]
-        out.append(Command(f"eval {e.label}", ["eval", e.eval, *names, "--out", str(where), *extra, *e.flags],
+        out.append(Command(f"eval {e.label}", ["eval", e.eval, *model_flags(e.eval, zoo.teacher, model), "--out",
+                                               str(where), *extra, *e.flags],
                            where / result))
     return out
 
@@ -512,26 +520,31 @@ class Build:
             tasks.append((t["name"], secs, t["after"]))
         return makespan(tasks, self.jobs) if tasks else 0.0
 
-    def record(self, step: Step, cmd: Command, rc: int, seconds: float):
-        tokens = cmd.tokens
-        if cmd.label == "train" and rc == 0 and cmd.output.is_file():  # what it trained (a deadline may stop it early)
-            tokens = sum((read_json(cmd.output).get("tokens") or {}).values()) or tokens
-        self.state["steps"].setdefault(step.name, {})[cmd.label] = {
-            "label": cmd.label, "argv": cmd.argv, "rc": rc, "seconds": round(seconds, 1), "tokens": tokens,
-            "command": cmd.command, "ended": time.strftime("%Y-%m-%d %H:%M:%S")}
+    def save_state(self):
         self.out.mkdir(parents=True, exist_ok=True)
         write_json(self.out / STATE_FILE, self.state)
 
+    def record(self, step: Step, cmd: Command, rc: int, seconds: float):
+        tokens = cmd.tokens
+        if cmd.label == "train" and rc == 0:  # what it trained (a deadline may stop it early)
+            tokens = trained_tokens(cmd.output) or tokens
+        self.state["steps"].setdefault(step.name, {})[cmd.label] = {
+            "label": cmd.label, "argv": cmd.argv, "rc": rc, "seconds": round(seconds, 1), "tokens": tokens,
+            "command": cmd.command, "ended": time.strftime("%Y-%m-%d %H:%M:%S")}
+        self.save_state()
+
     def train_deadline(self, cmd: Command) -> list[str] | None:
         """The flags that end a training command by the zoo's `train_seconds` (counted from the first training start
-        of this build, kept in zoo_state.json across calls); [] without one; None when its time is up."""
+        of this plan: the zoo file and its mixers, kept in zoo_state.json across calls); [] without one; None when its
+        time is up."""
         if self.zoo.train_seconds is None:
             return []
-        if "train_began" not in self.state:
-            self.state["train_began"] = time.time()
-            self.out.mkdir(parents=True, exist_ok=True)
-            write_json(self.out / STATE_FILE, self.state)
-        left = self.state["train_began"] + self.zoo.train_seconds - time.time()
+        plan_key = f"{self.zoo.path} --mixers {','.join(self.zoo.mixers)}"
+        began = self.state.setdefault("train_began", {})
+        if plan_key not in began:
+            began[plan_key] = time.time()
+            self.save_state()
+        left = began[plan_key] + self.zoo.train_seconds - time.time()
         if left < MIN_TRAIN_SECONDS:
             return None
         flag = DEADLINE_FLAGS.get(cmd.command)
@@ -601,6 +614,9 @@ class Build:
         self.running.clear()
 
     def run(self) -> int:
+        from linzoo.zoo_report import machine
+
+        self.state["device"] = machine()  # what the report names (a build resumed elsewhere: the last machine)
         pending = list(self.tasks)
         try:
             while pending or self.running:
@@ -610,7 +626,10 @@ class Build:
                     self.say(f"zoo: not finished: the deadline (--max-seconds) came with {left} steps left; run the "
                              "same command again (it resumes)")
                     return 3
-                for task in list(pending):
+                # under `train_seconds` the trainings start first: evals started before them would spend their time
+                order = sorted(pending, key=lambda t: not t["name"].endswith(":train")) if self.zoo.train_seconds \
+                    else list(pending)
+                for task in order:
                     if len(self.running) >= self.jobs:
                         break
                     after = [self.status.get(a) for a in task["after"]]
@@ -657,6 +676,14 @@ class Build:
         return 0
 
 
+def trained_tokens(lineage: Path) -> int | None:
+    """The tokens a finished training's record (linzoo_training.json) says it trained; None where it has none."""
+    try:
+        return sum((read_json(lineage).get("tokens") or {}).values()) or None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def last_line(log: Path) -> str:
     lines = [line.strip() for line in log.read_text(errors="replace").splitlines()[-40:] if line.strip()]
     return lines[-1][:300] if lines else "(no output)"
@@ -666,15 +693,24 @@ def last_line(log: Path) -> str:
 
 
 def read_queue(path) -> list[tuple[str, list[str]]]:
+    """[(zoo file, its args)] of a queue file: `queue_builds` without the zoos."""
+    return [(zoo_file, args) for zoo_file, args, _ in queue_builds(path)]
+
+
+def queue_builds(path) -> list[tuple[str, list[str], Zoo]]:
     """A queue file (e.g. recipes/135m/gpu-queue.txt): one build a line, `ZOO_FILE [--mixers a,b]` (the zoo file's
     path from the queue's folder), in the order a lent GPU fires them; `#` starts a comment. Returned with each path
-    joined to the queue's folder. Each zoo file is read (a bad one is named now, not on the GPU)."""
+    joined to the queue's folder, and the zoo it builds. Each zoo file is read (a bad one is named now, not on the
+    GPU)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"queue file {path} does not exist")
     entries = []
     for number, line in enumerate(path.read_text().splitlines(), 1):
-        words = shlex.split(line, comments=True)
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError as err:
+            raise ValueError(f"{path}:{number}: {err}") from None
         if not words:
             continue
         zoo_file, args = str(path.parent / words[0]), words[1:]
@@ -685,24 +721,24 @@ def read_queue(path) -> list[tuple[str, list[str]]]:
         zoo = read_zoo(zoo_file)
         if args:
             choose_mixers(zoo, args[1])
-        entries.append((zoo_file, args))
+        entries.append((zoo_file, args, zoo))
     return entries
 
 
 def next_in_queue(queue, results) -> tuple[str, list[str]] | None:
     """The queue's first build that no report under `results` (any `zoo.json` below it, as results/gpu/<date>/ keep
-    them) shows complete: the same zoo file's name, the same mixers, every row done. None when all are."""
+    them) shows complete: the same zoo file's name and mixers, a done row for every step of its plan. None when all
+    are."""
     reports = []
     for p in sorted(Path(results).rglob("zoo.json")) if Path(results).is_dir() else []:
         data = read_json(p)
         if isinstance(data, dict) and data.get("schema") == "linzoo.zoo/v1":
             reports.append(data)
-    for zoo_file, args in read_queue(queue):
-        zoo = read_zoo(zoo_file)
-        if args:
-            choose_mixers(zoo, args[1])
+    for zoo_file, args, zoo in queue_builds(queue):
+        wanted = {s.name for s in plan(zoo, "_")}
         if not any(Path(r.get("zoo_file", "")).name == Path(zoo_file).name and set(report_mixers(r)) == set(zoo.mixers)
-                   and r.get("rows") and all(row.get("state") == "done" for row in r["rows"]) for r in reports):
+                   and wanted <= {row.get("step") for row in r.get("rows") or [] if row.get("state") == "done"}
+                   for r in reports):
             return zoo_file, args
     return None
 
@@ -728,7 +764,7 @@ def plan_lines(zoo: Zoo, steps: list[Step], out, jobs: int, state: dict) -> list
              f"{len(steps) - 1} students, and the teacher `{zoo.teacher}` evaluated once; {jobs} at a time",
              "each row's evals (results in <folder>/eval[/sub]), then `linzoo card <folder>`:"]
     lines += [f"  eval {e.label:18s} linzoo eval {e.eval} "
-              f"{' '.join(MODEL_FLAGS.get(e.eval, lambda t, m: ['--model', m])(zoo.teacher, '<folder>'))} "
+              f"{' '.join(model_flags(e.eval, zoo.teacher, '<folder>'))} "
               f"--out <folder>/eval{'/' * bool(e.sub)}{e.sub} {shlex.join(e.flags)}" for e in zoo.evals]
     lines += [f"  ({e.label} measures the teacher beside each student, in the same process: the teacher's row has "
               "none)" for e in zoo.evals if e.eval in MODEL_FLAGS]
@@ -802,9 +838,9 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(plan_lines(zoo, steps, args.out, zoo.jobs, state)), flush=True)
     if args.dry_run:
         return 0
-    from linzoo.zoo_check import check
+    from linzoo.zoo_check import check_plan
 
-    problems = check(zoo, steps)
+    problems = check_plan(args.config, args.mixers, args.out)
     for line in problems:
         print(f"zoo: check: {line}", flush=True)
     if problems or args.check:

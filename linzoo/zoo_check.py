@@ -58,6 +58,7 @@ def check(zoo: Zoo, steps: list[Step], cuda: bool | None = None) -> list[str]:
     import torch
     from transformers import HfArgumentParser
 
+    from linzoo.arguments import _one_line
     from linzoo.evals.registry import get_eval
     from linzoo.trainers.common import parse_config
 
@@ -77,7 +78,11 @@ def check(zoo: Zoo, steps: list[Step], cuda: bool | None = None) -> list[str]:
         if step.train is None:
             continue
         try:
-            parse_config(_dataclasses(step.train.command), step.train.argv[1:])
+            types = _dataclasses(step.train.command)
+        except ImportError:  # a module the plan needs, listed above: its flags cannot be read here
+            continue
+        try:
+            parse_config(types, step.train.argv[1:])
         except (ValueError, SystemExit) as err:
             errors.append(f"{step.name}: `linzoo {step.train.command}` would fail: {err}")
     seen = set()
@@ -89,13 +94,36 @@ def check(zoo: Zoo, steps: list[Step], cuda: bool | None = None) -> list[str]:
             spec = get_eval(cmd.argv[1])
             if spec.arguments is None:
                 continue
-            _, unknown = HfArgumentParser(spec.arguments).parse_known_args(cmd.argv[2:])
+            try:
+                _, unknown = _one_line(HfArgumentParser)(spec.arguments).parse_known_args(cmd.argv[2:])
+            except ValueError as err:  # a value argparse refuses ("invalid int value: 'x'")
+                errors.append(f"{cmd.label}: {err}")
+                continue
             if unknown:
                 errors.append(f"{cmd.label}: unknown flags {shlex.join(unknown)} (`linzoo eval {spec.name} --help` "
                               "lists them)")
             if spec.name == "quality":
                 errors += quality_data(cmd.argv)
     return errors
+
+
+def check_plan(config: str, mixers: str | None, out: str) -> list[str]:
+    """`check` of a zoo file's plan (`--mixers` as the command line gives them), in a process of its own: the
+    trainers' argument classes ask CUDA about bf16, and the zoo's own process, which lives through the build, should
+    not hold a CUDA context on the card its commands share."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(_check_plan, (config, mixers, out))
+
+
+def _check_plan(config: str, mixers: str | None, out: str) -> list[str]:
+    from linzoo.zoo import choose_mixers, plan, read_zoo
+
+    zoo = read_zoo(config)
+    if mixers is not None:
+        choose_mixers(zoo, mixers)
+    return check(zoo, plan(zoo, out))
 
 
 def quality_data(argv: list[str]) -> list[str]:

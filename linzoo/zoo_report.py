@@ -10,7 +10,7 @@ from pathlib import Path
 
 from linzoo.formatting import format_bytes
 from linzoo.integrity import read_json, write_json
-from linzoo.zoo import Step, Zoo, duration, is_done
+from linzoo.zoo import Step, Zoo, duration, is_done, trained_tokens
 
 def niah_headline(r: dict) -> dict:
     out = {"by_length": {n: [a, r["mean_by_length_se"][n]] for n, a in r["mean_by_length"].items()},
@@ -49,13 +49,33 @@ HEADLINES = {"niah": niah_headline, "quality": quality_headline, "instruct": ins
              "speed": speed_headline}
 
 
-def training_headline(record: dict | None) -> dict | None:
-    """A training record (linzoo_training.json): tokens trained, their tokens/s (the stages' own seconds, or the
-    command's), the last loss, and whether a deadline (`train_seconds`) stopped it before its budget."""
-    if not record:
+def machine() -> str:
+    """This machine's GPU (nvidia-smi's name: asking torch would give the zoo's own long-lived process a CUDA context
+    on the card its commands share), else its CPU."""
+    import shutil
+    import subprocess
+
+    if shutil.which("nvidia-smi"):
+        run = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True)
+        if run.returncode == 0 and run.stdout.strip():
+            return run.stdout.splitlines()[0].strip()
+    import torch
+
+    from linzoo.evals.speed import device_name
+
+    return device_name(torch.device("cpu"))
+
+
+def training_headline(lineage: Path) -> dict | None:
+    """A training's record (linzoo_training.json): tokens trained, their tokens/s (the stages' own seconds, or the
+    command's), the last loss, and whether a deadline (`train_seconds`) stopped it before its budget. None where
+    there is no readable record."""
+    tokens = trained_tokens(lineage)
+    if tokens is None:
         return None
+    record = read_json(lineage)
     stages = record.get("stages") or []
-    tokens = sum((record.get("tokens") or {}).values())
     seconds = sum(s.get("seconds") or 0 for s in stages) or record.get("seconds")
     loss = stages[-1].get("final_loss") if stages else record.get("final_loss")
     return {"tokens": tokens, "tokens_per_second": tokens / seconds if seconds else None, "final_loss": loss,
@@ -74,8 +94,7 @@ def report_rows(zoo: Zoo, steps: list[Step], state: dict, status_of=None) -> lis
                "seconds": round(sum(r.get("seconds", 0) for r in records.values())),
                "state": status_of(s) if status_of else "done" if all(is_done(s, c, state) for c in s.commands)
                else "to do", "evals": {}}
-        row["training"] = training_headline(read_json(s.train.output) if s.train and s.train.output.is_file()
-                                            else None)
+        row["training"] = training_headline(s.train.output) if s.train else None
         commands = {c.label: c for c in s.evals}  # a row runs the evals its variant gets (`variants`): by label
         for e in zoo.evals:
             cmd = commands.get(f"eval {e.label}")
@@ -147,11 +166,7 @@ def write_report(zoo: Zoo, steps: list[Step], out, state: dict, status_of=None) 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rows = report_rows(zoo, steps, state, status_of)
-    import torch
-
-    from linzoo.evals.speed import device_name
-
-    device = device_name(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    device = state.get("device") or machine()  # the build's, as its state recorded it
     report = {"schema": "linzoo.zoo/v1", "zoo_file": zoo.path, "teacher": zoo.teacher, "mixers": zoo.mixers,
               "device": device,
               "written": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows, "claims": claims(rows)}
@@ -167,7 +182,7 @@ def summary(rows: list[dict], labels: list[str]) -> str:
     their errors (zoo.md has them): NIAH accuracy by length, recovery above chance and perplexity × teacher,
     instruction accuracy and EOS stop, state bytes and decode time × teacher."""
     def cell(h) -> str:
-        if not h:
+        if h is None:
             return "—"
         if "by_length" in h:
             return " / ".join(f"{v[0]:.2f}" for v in h["by_length"].values())

@@ -65,9 +65,10 @@ save_triton() {  # the compiled kernels, for the next lease (a cold cache cost 8
   local size parts free
   size=$(stat -c %s "$WORK/triton.tgz") parts=$(( ($(stat -c %s "$WORK/triton.tgz") + 15999999) / 16000000 ))
   free=$((8 - $(find "$OUT" -maxdepth 1 -type f | wc -l)))
-  if [ "$parts" = 1 ]; then cp "$WORK/triton.tgz" "$OUT/triton-cache.tgz"
-  elif [ "$parts" -le "$free" ]; then split -b 16000000 -d "$WORK/triton.tgz" "$OUT/triton-cache.tgz.part"
-  else echo "triton cache: $size bytes, $parts parts of 16 MB, $free files left in \$OUT: not packed"; fi; }
+  if [ "$parts" -gt "$free" ]; then
+    echo "triton cache: $size bytes, $parts parts of 16 MB, $free files left in \$OUT: not packed"
+  elif [ "$parts" = 1 ]; then cp "$WORK/triton.tgz" "$OUT/triton-cache.tgz"
+  else split -b 16000000 -d "$WORK/triton.tgz" "$OUT/triton-cache.tgz.part"; fi; }
 
 lines() { [ -f "$1" ] && wc -l <"$1" || echo 0; }
 
@@ -98,7 +99,8 @@ zoo)
     echo "zoo: the queue's next is $next"
   fi
   case $ZOO in /*) ;; *) ZOO=$R/$ZOO;; esac  # the commands run from $WORK/work
-  Z=$WORK/zoo
+  # one folder per build (the zoo file and its arguments): another build on the same warm machine starts clean
+  Z=$WORK/zoo/$(basename "$ZOO" .yaml)$(echo "${ZOO_ARGS:-}" | tr -cs 'A-Za-z0-9_\n' '-' | tr -d '\n')
   mkdir -p "$Z"
   export EVAL_DATA=${EVAL_DATA:-$DEV/eval}  # the quality eval's five sets
   echo "zoo: building $ZOO ${ZOO_ARGS:-}(or going on) in $Z"

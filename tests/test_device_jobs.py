@@ -25,8 +25,8 @@ def fake_dev(root):
 def test_dry_zoo_on_the_lent_machine(tiny_teacher_dir, tiny_corpus, tmp_path):
     """`device_jobs.sh zoo` without ZOO: the queue's first build not done, built by `linzoo zoo` in the background
     under a lock (so that it outlives the call), followed until it ends, its report, state, log and every row's card
-    and results packed into $OUT within the device's limits; the same build named by ZOO finds it built and retrains
-    nothing; with its report among the results, the queue has nothing left to fire. The real zoo file,
+    and results packed into $OUT within the device's limits; the same build named by ZOO and ZOO_ARGS finds it built
+    (each build has its own folder) and retrains nothing; with its report among the results, the queue has nothing left to fire. The real zoo file,
     recipes/135m/zoo-gpu.yaml, is read and planned here too."""
     import tarfile
 
@@ -81,7 +81,7 @@ def test_dry_zoo_on_the_lent_machine(tiny_teacher_dir, tiny_corpus, tmp_path):
     triton = tmp_path / "triton"  # a compiled-kernel cache over 16 MB comes back in parts, within the 8 files
     triton.mkdir()
     (triton / "kernels.bin").write_bytes(os.urandom(20_000_000))
-    again = run(ZOO=str(plan), TRITON_CACHE_DIR=str(triton))
+    again = run(ZOO=str(plan), ZOO_ARGS="--mixers gated_deltanet", TRITON_CACHE_DIR=str(triton))  # the same build
     assert again.returncode == 0 and "done earlier (skipped)" in again.stdout and " started" not in again.stdout
     parts = sorted((tmp_path / "out").glob("triton-cache.tgz*"))
     assert [p.name for p in parts] == ["triton-cache.tgz.part00", "triton-cache.tgz.part01"]

@@ -427,7 +427,7 @@ def test_side_by_side_commands_share_the_cores():
 # --- the campaign runner's parts, now the zoo's: variants of some mixers, a training deadline, the check, the queue
 
 
-def test_variants_of_some_mixers_and_the_training_deadline(tmp_path, capsys):
+def test_variants_of_some_mixers_and_the_training_deadline(tmp_path, capsys, monkeypatch):
     """A campaign's runs are variants of one mixer each (`mixers`); `train_seconds` gives each linearize its
     --max_wall_seconds from the build's first training start (kept in zoo_state.json), and a training that would
     start after it does not: the row is reported not trained, and nothing else runs."""
@@ -445,7 +445,9 @@ def test_variants_of_some_mixers_and_the_training_deadline(tmp_path, capsys):
     assert flags[0] == "--max_wall_seconds" and 595 <= int(flags[1]) <= 600
     assert zoo.read_state(out)["train_began"] == build.state["train_began"]  # on disk before anything ran
     assert build.train_deadline(steps[3].train) == []  # sft has no deadline flag: it runs to its end
-    build.state["train_began"] -= 550  # 50 s left: less than a training needs to start
+    (key, began), = build.state["train_began"].items()  # per plan: another zoo file in the same --out has its own
+    assert key == f"{path} --mixers gated_deltanet,mamba2"
+    build.state["train_began"][key] = began - 550  # 50 s left: less than a training needs to start
     assert build.train_deadline(steps[2].train) is None
     steps[1].folder.mkdir(parents=True)  # a training the deadline stopped: the state records what it trained
     (steps[1].folder / "linzoo_training.json").write_text(json.dumps({"tokens": {"stage1": 1000, "stage2": 500}}))
@@ -458,6 +460,12 @@ def test_variants_of_some_mixers_and_the_training_deadline(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "gated_deltanet/long: not trained: the zoo's train_seconds (600 s) are spent" in printed
     assert " started" not in printed and "zoo: FAILED: gated_deltanet/long, " in printed
+    started = []  # under train_seconds the trainings start before any eval (the teacher's comes first in the plan)
+    monkeypatch.setattr(zoo.Build, "start_next", lambda self, task, index: started.append(task["name"]) and False)
+    zoo.Build(config, steps, tmp_path / "order", jobs=2).run()
+    assert started[:4] == ["gated_deltanet/long:train", "gated_deltanet/short:train", "mamba2/short:train",
+                           "teacher:eval"]
+    monkeypatch.undo()
     bad = dict(variants, chat={"command": "sft", "parent": "short", "tokens": 300, "mixers": ["mamba2"]},
                short={"command": "linearize", "tokens": 600, "mixers": ["gated_deltanet"]})
     with pytest.raises(ValueError, match=r"variants.chat.mixers: mamba2: its parent short is not built for them"):
@@ -504,27 +512,30 @@ def test_the_check_names_every_problem_before_anything_runs(tmp_path, capsys, mo
 
 def test_the_queue_fires_the_first_build_not_done(tmp_path, capsys, monkeypatch):
     """A queue file lists builds (`ZOO_FILE [--mixers a,b]`); `--next` prints the first that no zoo.json under
-    --results shows complete (same file, same mixers, every row done): a partial report keeps it at the head. The
-    shipped queue, recipes/135m/gpu-queue.txt, reads."""
+    --results shows complete (same file, same mixers, a done row for every step of its plan): a partial report, or
+    one of an older plan, keeps it at the head. The shipped queue, recipes/135m/gpu-queue.txt, reads."""
     whole = _three_variants(tmp_path)
     queue = tmp_path / "queue.txt"
     queue.write_text(f"# two parts of one zoo\n{whole.name} --mixers mamba2\n{whole.name}   # then all of it\n")
     results = tmp_path / "results"
     assert zoo.next_in_queue(queue, results) == (str(whole), ["--mixers", "mamba2"])
 
-    def report(day, mixers, states):
+    def report(day, mixers, rows):
         (results / day).mkdir(parents=True, exist_ok=True)
         (results / day / "zoo.json").write_text(json.dumps({"schema": "linzoo.zoo/v1", "zoo_file": f"/elsewhere/{whole.name}",
-                                                            "mixers": mixers, "rows": [{"state": s} for s in states]}))
-    report("2026-12-10", ["mamba2"], ["done", "done", "failed"])
+                                                            "mixers": mixers, "rows": rows}))
+    part = ["teacher"] + [f"mamba2/{v}" for v in ("base", "instruct", "instruct-distilled")]
+    report("2026-12-10", ["mamba2"], [{"step": s, "state": "failed" if s.endswith("distilled") else "done"} for s in part])
     assert zoo.next_in_queue(queue, results) == (str(whole), ["--mixers", "mamba2"])  # partial: fired again
-    report("2026-12-10", None, ["done"] * 4)  # a report from before zoo.json named its mixers: its rows' count
-    data = json.loads((results / "2026-12-10" / "zoo.json").read_text())
-    data["rows"] = [{"state": "done", "mixer": m} for m in (None, "mamba2", "mamba2")]
-    (results / "2026-12-10" / "zoo.json").write_text(json.dumps(data))
+    report("2026-12-10", ["mamba2"], [{"step": s, "state": "done"} for s in part[:3]])  # an older plan's report
+    assert zoo.next_in_queue(queue, results) == (str(whole), ["--mixers", "mamba2"])
+    # a report from before zoo.json named its mixers: its rows'
+    report("2026-12-10", None, [{"step": s, "state": "done", "mixer": s.split("/")[0] if "/" in s else None}
+                                for s in part])
     assert zoo.main(["--next", str(queue), "--results", str(results)]) == 0
     assert capsys.readouterr().out == f"{whole}\n"
-    report("2026-12-11", ["gated_deltanet", "mamba2"], ["done"] * 7)
+    steps = [s.name for s in zoo.plan(zoo.read_zoo(whole), "_")]
+    report("2026-12-11", ["gated_deltanet", "mamba2"], [{"step": s, "state": "done"} for s in steps])
     assert zoo.main(["--next", str(queue), "--results", str(results)]) == 1
     assert "every build of" in capsys.readouterr().out
     queue.write_text(f"{whole.name} --mixers gla\n")
