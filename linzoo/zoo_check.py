@@ -95,7 +95,8 @@ def check(zoo: Zoo, steps: list[Step], cuda: bool | None = None) -> list[str]:
             if spec.arguments is None:
                 continue
             try:
-                _, unknown = _one_line(HfArgumentParser)(spec.arguments).parse_known_args(cmd.argv[2:])
+                parser = _one_line(HfArgumentParser)(spec.arguments, prog=f"linzoo eval {spec.name}")
+                _, unknown = parser.parse_known_args(cmd.argv[2:])
             except ValueError as err:  # a value argparse refuses ("invalid int value: 'x'")
                 errors.append(f"{cmd.label}: {err}")
                 continue

@@ -487,6 +487,7 @@ def test_the_check_names_every_problem_before_anything_runs(tmp_path, capsys, mo
                 "instruct": {"command": "sft", "parent": "base", "tokens": 300}}
     path = _three_variants(tmp_path, teacher=str(tmp_path / "no-teacher"), mixers=["gated_deltanet"],
                            variants=variants, evals=[{"eval": "niah", "flags": ["--lenghts", "256"]},
+                                                     {"eval": "niah", "sub": "x", "flags": ["--samples_per_cell", "x"]},
                                                      {"eval": "quality"}],
                            estimate=ESTIMATE | {"eval_seconds": {"niah": 30, "quality": 60}})
     config = zoo.read_zoo(path)
@@ -494,12 +495,14 @@ def test_the_check_names_every_problem_before_anything_runs(tmp_path, capsys, mo
     assert problems[0] == f"teacher {tmp_path / 'no-teacher'}: no such file or folder"
     assert problems[1].startswith("gated_deltanet/base: `linzoo linearize` would fail: unknown option --windw_size")
     assert problems[2] == "eval niah: unknown flags --lenghts 256 (`linzoo eval niah --help` lists them)"
-    assert problems[3] == (f"eval quality reads the five sets from {empty}, which lacks lambada_openai, winogrande, "
+    assert problems[3] == ("eval niah/x: argument --samples_per_cell/--samples-per-cell: invalid int value: 'x' "
+                           "(`linzoo eval niah --help` lists the options)")
+    assert problems[4] == (f"eval quality reads the five sets from {empty}, which lacks lambada_openai, winogrande, "
                            "arc_easy, arc_challenge, piqa.jsonl")
-    assert len(problems) == 4
+    assert len(problems) == 5
     assert zoo.main(["--config", str(path), "--out", str(tmp_path / "runs")]) == 2  # a build stops before it starts
     printed = capsys.readouterr().out
-    assert "zoo: check: 4 problems: fix them, then run again" in printed and not (tmp_path / "runs").exists()
+    assert "zoo: check: 5 problems: fix them, then run again" in printed and not (tmp_path / "runs").exists()
     good = _three_variants(tmp_path, mixers=["gated_deltanet", "xlstm"])
     assert zoo.main(["--config", str(good), "--out", str(tmp_path / "runs"), "--check"]) == 0
     assert capsys.readouterr().out.endswith("zoo: check: 0 problems: ready\n")
