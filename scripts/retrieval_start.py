@@ -4,7 +4,9 @@ the student `linzoo.linearize` builds from the embedded SmolLM2-135M-Instruct (G
 trained row:
 held-out perplexity and KL beside the teacher (2,048 tokens of the embedded test split, 1,024-token blocks), passkey
 NIAH at 256 and 512 tokens (depths 0, 0.5, 1 x SAMPLES prompts, default 10) and the teacher-forced log-probability of
-the key's tokens on the same prompts (chance -2.30). One JSON line per configuration on stdout.
+the key's tokens on the same prompts (chance -2.30), then the same in clean prose (`--variant natural`: `natural_*`
+keys; its key log-prob is the whole five-digit key's, as `linzoo eval niah` reports it). One JSON line per
+configuration on stdout; `teacher` as a NAME measures the teacher itself.
 
     python scripts/retrieval_start.py 'auto3_w64:17,18,23:64' 'pure::0' 'pure_s64::0:64' \
         >> results/recipe/cpu/retrieval.jsonl
@@ -39,7 +41,17 @@ def retrieval(lm, tokenizer, samples: int) -> dict:
     logprob = sum(key_logprob(lm, p)[0] for p in prompts) / len(prompts)
     return {"niah_by_length": niah["mean_by_length"], "niah_se": niah["mean_by_length_se"],
             "niah_cells": niah["accuracy"], "samples_per_cell": samples, "key_logprob": round(logprob, 3),
-            "examples": [e["generated"][:40] for e in niah["examples"]]}
+            "examples": [e["generated"][:40] for e in niah["examples"]], **natural(lm, tokenizer, samples)}
+
+
+def natural(lm, tokenizer, samples: int) -> dict:
+    """The needle in clean held-out prose: where the classic haystack's five repeated sentences are no competition,
+    prose is (a student that finds the key in noise answered "a key that is used to unlock a door")."""
+    niah = run_niah(lm, tokenizer, list(LENGTHS), list(DEPTHS), variant="natural", samples_per_cell=samples,
+                    batch_size=6)
+    return {"natural_niah_by_length": niah["mean_by_length"], "natural_niah_se": niah["mean_by_length_se"],
+            "natural_key_logprob": round(niah["key_logprob"], 3),
+            "natural_examples": [e["generated"][:40] for e in niah["examples"]]}
 
 
 def main(specs):
@@ -59,8 +71,9 @@ def main(specs):
     for name, layers, window, sparse in configs:
         start = time.time()
         torch.manual_seed(0)
-        student = linzoo.linearize(teacher, "gated_deltanet", calibration=calibration, attn_layers=layers,
-                                   window_size=window, sparse_cache_size=sparse).eval()
+        student = teacher if name == "teacher" else linzoo.linearize(
+            teacher, "gated_deltanet", calibration=calibration, attn_layers=layers, window_size=window,
+            sparse_cache_size=sparse).eval()
         quality = heldout_metrics(student, tok, texts, 2048, teacher, batch_size=4)
         print(json.dumps({
             "name": name, "attn_layers": layers, "window_size": window, "sparse_cache_size": sparse,
