@@ -357,6 +357,50 @@ def _key_logprobs(model, tokenizer, samples: list[NiahSample]) -> list[float]:
     return [float(logp[row][scored[row, -keep:]].sum()) for row in range(len(samples))]
 
 
+@torch.inference_mode()
+def _answer_and_score(model, tokenizer, samples: list[NiahSample], max_new_tokens: int | None = None
+                      ) -> tuple[list[str], list[float]]:
+    """`_generate`'s greedy answers and `_key_logprobs`'s teacher-forced key log-probabilities from one prefill: the
+    prompts but their last token go through the model once; a copy of that cache scores the last token and the
+    answer's tokens, and `generate` goes on from the cache itself (transformers' prefix caching), so the long prompt
+    is not run twice (the two prefills were most of an eval's time on a CPU). Where prompt + answer does not encode
+    as the prompt's tokens followed by the answer's, the two passes of old."""
+    import copy
+
+    _prepare_tokenizer(tokenizer)
+    enc = _encode_kwargs(samples[0].prompt_format)
+    joined = [f"{s.prompt}{'' if s.prompt.endswith((' ', chr(10))) else ' '}{s.answer}" for s in samples]
+    alone, full = tokenizer([s.prompt for s in samples], **enc)["input_ids"], tokenizer(joined, **enc)["input_ids"]
+    if any(f[:len(a)] != a or len(f) == len(a) for a, f in zip(alone, full)):
+        return _generate(model, tokenizer, samples, max_new_tokens), _key_logprobs(model, tokenizer, samples)
+    answers = [f[len(a):] for a, f in zip(alone, full)]
+    batch = tokenizer([s.prompt for s in samples], return_tensors="pt", padding=True, **enc).to(model_device(model))
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    positions = (mask.cumsum(-1) - 1).clamp_min(0)  # left padding: each row counts from 0
+    out = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1], use_cache=True,
+                logits_to_keep=1)
+    # transformers >= 5.20 calls the cache `cache` in and out, earlier versions `past_key_values`
+    name = "cache" if getattr(out, "cache", None) is not None else "past_key_values"
+    cache = getattr(out, name)
+    # scoring: the last prompt token and the answer's tokens but its last, each predicting the next answer token
+    width = max(map(len, answers))
+    tail = torch.full((len(samples), width), tokenizer.pad_token_id, dtype=ids.dtype)
+    for row, answer in enumerate(answers):
+        tail[row, :len(answer)] = torch.tensor(answer)
+    tail = tail.to(ids.device)
+    steps = torch.cat([ids[:, -1:], tail[:, :-1]], 1)
+    logits = model(input_ids=steps, attention_mask=torch.cat([mask, torch.ones_like(steps[:, 1:])], 1),
+                   position_ids=positions[:, -1:] + torch.arange(width, device=ids.device), use_cache=True,
+                   **{name: copy.deepcopy(cache)}).logits
+    logp = torch.log_softmax(logits.float(), -1).gather(-1, tail[..., None])[..., 0].cpu()
+    scored = [float(logp[row, :len(answer)].sum()) for row, answer in enumerate(answers)]
+    new_tokens = MAX_NEW_TOKENS[samples[0].needle_type] if max_new_tokens is None else max_new_tokens
+    generated = model.generate(input_ids=ids, attention_mask=mask, **{name: cache}, max_new_tokens=new_tokens,
+                               do_sample=False, pad_token_id=tokenizer.pad_token_id,
+                               eos_token_id=tokenizer.eos_token_id)
+    return tokenizer.batch_decode(generated[:, ids.shape[1]:], skip_special_tokens=True), scored
+
+
 def summarize(hits: dict[tuple[int, float], list[bool]], lengths: list[int], depths: list[float]) -> dict:
     """Accuracy of every cell with its binomial standard error sqrt(p (1 - p) / n); the mean over depths of each
     length and the mean over all cells, each with the standard error of a mean of independent cells,
@@ -423,8 +467,9 @@ def run_niah(model, tokenizer, lengths, depths, variant: str = "passkey", sample
     examples = []  # the first sample of every cell: what was asked for and what came out
     for start in tqdm(range(0, len(samples), batch_size), desc=f"niah {variant}", unit="batch"):
         chunk = samples[start:start + batch_size]
-        scored = _key_logprobs(model, tokenizer, chunk) if hasattr(model, "config") else [math.nan] * len(chunk)
-        for sample, text, lp in zip(chunk, _generate(model, tokenizer, chunk, max_new_tokens), scored):
+        answered, scored = (_answer_and_score(model, tokenizer, chunk, max_new_tokens) if hasattr(model, "config")
+                            else (_generate(model, tokenizer, chunk, max_new_tokens), [math.nan] * len(chunk)))
+        for sample, text, lp in zip(chunk, answered, scored):
             cell = hits.setdefault((sample.context_len, sample.depth), [])
             if not cell:
                 examples.append({"length": sample.context_len, "depth": sample.depth, "answer": sample.answer,

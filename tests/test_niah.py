@@ -230,6 +230,29 @@ def test_key_logprob_is_the_answers_teacher_forced_log_probability(tiny_teacher_
 # ---------------------------------------------------------------------------------------------- bounds
 
 
+@pytest.mark.parametrize("student", [None, {"mixer": "gated_deltanet"}, {"mixer": "gla", "attn_layers": [1], "window_size": 8},
+                                     {"mixer": "deltanet", "window_size": 8}])
+def test_one_prefill_answers_and_scores_like_the_two_passes(tiny_teacher_dir, student):
+    """`_answer_and_score` (one prefill, a copied cache for the key, generate on from the cache) gives `_generate`'s
+    greedy text and `_key_logprobs`'s log-probabilities on left-padded batches of both prompt formats, for the teacher
+    and for pure, hybrid and windowed students (their states, windows and KV caches copied and continued)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import linzoo
+
+    tok = AutoTokenizer.from_pretrained(tiny_teacher_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_teacher_dir).eval()
+    if student is not None:
+        torch.manual_seed(0)
+        model = linzoo.linearize(model, **student).eval()
+    for variant in ("passkey", "chat"):
+        samples = [niah.build_haystack(tok, None, length, depth, variant, seed)
+                   for length, depth, seed in ((96, 0.5, 1), (160, 0.0, 2), (128, 1.0, 3))]
+        texts, scored = niah._answer_and_score(model, tok, samples, max_new_tokens=6)
+        assert texts == niah._generate(model, tok, samples, max_new_tokens=6)
+        assert scored == pytest.approx(niah._key_logprobs(model, tok, samples), abs=1e-4)
+
+
 def test_lengths_past_the_positions_are_refused_before_any_prompt():
     tok = bpe_tokenizer(FILLER)
     model = tiny_llama(tok)  # 1,024 positions
