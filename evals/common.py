@@ -86,6 +86,13 @@ class EvalSpec:
         return data if isinstance(data, dict) and data.get("schema") == self.schema else None
 
 
+def output_cache(out) -> tuple[str, object]:
+    """(keyword, cache) of a model call's output, to pass the cache back in: transformers >= 5.20 calls it `cache`
+    in and out, earlier versions `past_key_values`."""
+    name = "cache" if getattr(out, "cache", None) is not None else "past_key_values"
+    return name, getattr(out, name)
+
+
 def render(template: str, **values) -> str:
     """A card section from a jinja template, rendered as huggingface_hub renders the card around it (jinja2's
     defaults), keeping the section's last newline."""

@@ -33,7 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .common import (EVAL_DIR, NOT_MEASURED, EvalSpec, ModelArguments, check_out_dir, load_texts,
-                     measured, model_device, run_on_models, name_of, parse_list, render, write_json)
+                     measured, model_device, output_cache, run_on_models, name_of, parse_list, render, write_json)
 
 SCHEMA = "linzoo.niah/v1"
 # The classic test's words as landmark-attention and LongLoRA write them ("memorize them" included).
@@ -370,18 +370,18 @@ def _answer_and_score(model, tokenizer, samples: list[NiahSample], max_new_token
     _prepare_tokenizer(tokenizer)
     enc = _encode_kwargs(samples[0].prompt_format)
     joined = [f"{s.prompt}{'' if s.prompt.endswith((' ', chr(10))) else ' '}{s.answer}" for s in samples]
-    alone, full = tokenizer([s.prompt for s in samples], **enc)["input_ids"], tokenizer(joined, **enc)["input_ids"]
+    batch = tokenizer([s.prompt for s in samples], return_tensors="pt", padding=True, **enc)
+    alone = [row[keep.bool()].tolist() for row, keep in zip(batch["input_ids"], batch["attention_mask"])]
+    full = tokenizer(joined, **enc)["input_ids"]
     if any(f[:len(a)] != a or len(f) == len(a) for a, f in zip(alone, full)):
         return _generate(model, tokenizer, samples, max_new_tokens), _key_logprobs(model, tokenizer, samples)
     answers = [f[len(a):] for a, f in zip(alone, full)]
-    batch = tokenizer([s.prompt for s in samples], return_tensors="pt", padding=True, **enc).to(model_device(model))
+    batch = batch.to(model_device(model))
     ids, mask = batch["input_ids"], batch["attention_mask"]
     positions = (mask.cumsum(-1) - 1).clamp_min(0)  # left padding: each row counts from 0
     out = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1], use_cache=True,
                 logits_to_keep=1)
-    # transformers >= 5.20 calls the cache `cache` in and out, earlier versions `past_key_values`
-    name = "cache" if getattr(out, "cache", None) is not None else "past_key_values"
-    cache = getattr(out, name)
+    name, cache = output_cache(out)
     # scoring: the last prompt token and the answer's tokens but its last, each predicting the next answer token
     width = max(map(len, answers))
     tail = torch.full((len(samples), width), tokenizer.pad_token_id, dtype=ids.dtype)

@@ -41,8 +41,8 @@ from pathlib import Path
 
 import torch
 
-from .common import (EvalSpec, ModelArguments, check_out_dir, check_quantize, load_for_eval, measured, parse_list,
-                     quantize_field, render, weights_sha256, write_json)
+from .common import (EvalSpec, ModelArguments, check_out_dir, check_quantize, load_for_eval, measured, output_cache,
+                     parse_list, quantize_field, render, weights_sha256, write_json)
 from linzoo.formatting import format_bytes
 
 SCHEMA = "linzoo.speed/v1"
@@ -176,9 +176,7 @@ def run_once(model, input_ids: torch.Tensor, decode_tokens: int) -> tuple[float,
     token = out.logits[:, -1:].argmax(-1)
     _sync(device)
     prefill = time.perf_counter() - start
-    # transformers >= 5.20 calls the cache `cache` in and out, earlier versions `past_key_values`
-    name = "cache" if getattr(out, "cache", None) is not None else "past_key_values"
-    cache = getattr(out, name)
+    name, cache = output_cache(out)
     cache_bytes = tensor_bytes(cache)
     _sync(device)
     start = time.perf_counter()
