@@ -302,6 +302,38 @@ def test_whole_chats_keeps_only_chats_that_fit_the_row(tiny_teacher_dir, tmp_pat
         chat_splits(str(chats), tokenizer, SimpleNamespace(**{**vars(cfg), "max_seq_length": 8}))
 
 
+def test_max_answer_tokens_keeps_only_short_answers(tiny_teacher_dir, tmp_path, capsys):
+    """--max_answer_tokens: only chats whose answer (the completion) is that short train, counted apart from those too
+    long for the row; the earlier answer turns do not count; no chat short enough is a one-line error."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from linzoo.trainers.common import chat_splits
+    from linzoo.trainers.sft import LinzooSFTConfig
+
+    chats = tmp_path / "chats.jsonl"
+    with open(chats, "w") as f:
+        for i in range(40):
+            answer = f"Answer {i}." + (" and more" * 12 if i % 2 else "")
+            f.write(json.dumps({"messages": [{"role": "user", "content": "Hi?"},
+                                             {"role": "assistant", "content": "Hello there, ask me" + " more" * 12},
+                                             {"role": "user", "content": f"Question {i}?"},
+                                             {"role": "assistant", "content": answer}]}) + "\n")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_teacher_dir)
+    cfg = SimpleNamespace(total_tokens=10**6, max_seq_length=256, seed=0, whole_chats=True, max_answer_tokens=8)
+    train = chat_splits(str(chats), tokenizer, cfg)
+    every = chat_splits(str(chats), tokenizer, SimpleNamespace(**{**vars(cfg), "max_answer_tokens": 0}))
+    long = sum("more" in row["completion"][0]["content"] for row in every)
+    assert long >= 10 and len(train) == len(every) - long
+    assert all("more" not in row["completion"][0]["content"] for row in train)
+    assert f"({long} with answers over --max_answer_tokens 8 left out)" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="no chat of .* has an answer of at most --max_answer_tokens 2 tokens"):
+        chat_splits(str(chats), tokenizer, SimpleNamespace(**{**vars(cfg), "max_answer_tokens": 2}))
+    with pytest.raises(ValueError, match="--max_answer_tokens -1: give a number of tokens >= 1, or 0"):
+        LinzooSFTConfig(output_dir=str(tmp_path / "o"), max_answer_tokens=-1)
+
+
 @pytest.mark.parametrize("recipe", ["135m/linearize.yaml", "360m/linearize.yaml", "1.7b/linearize.yaml", "sft.yaml",
                                     "distill_instruct.yaml"])
 def test_every_recipe_parses_with_its_command(recipe, tmp_path):

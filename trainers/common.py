@@ -92,6 +92,10 @@ class ChatRunArguments(RunArguments):
     whole_chats: bool = field(default=True, metadata={
         "help": "Train only on chats that fit --max_seq_length whole: a longer one is cut, and its completion loses "
                 "its end and its end-of-turn token (or all of it), so the student never sees an answer stop."})
+    max_answer_tokens: int = field(default=0, metadata={
+        "help": "Train only on chats whose answer (the last assistant turn, the completion) is at most this many "
+                "tokens; 0: any length. Short answers teach the student to answer and stop (its end-of-turn token "
+                "comes early) rather than go on explaining."})
     report_to: list[str] | str | None = field(default="none", metadata={"help": "Trackers (e.g. wandb) or 'none'."})
     logging_steps: float = field(default=10, metadata={"help": "Log every N steps."})
     save_steps: float = field(default=200, metadata={"help": "Checkpoint every N steps."})
@@ -103,6 +107,9 @@ class ChatRunArguments(RunArguments):
         check_fields(self)  # types, finite numbers, limits: before any other check, and before anything loads
         if self.max_seq_length <= 0 or self.total_tokens <= 0:
             raise ValueError("max_seq_length and total_tokens must be positive.")
+        if self.max_answer_tokens < 0:
+            raise ValueError(f"--max_answer_tokens {self.max_answer_tokens}: give a number of tokens >= 1, or 0 for "
+                             "answers of any length")
         self.max_length = self.max_seq_length
         default_bf16(self)
         self.check_run()
@@ -411,18 +418,26 @@ def chat_splits(spec, tokenizer=None, cfg=None):
     chats (in a fixed shuffle, --seed) as --total_tokens needs, with a 10 % margin, so that TRL tokenizes those
     alone (a 640-token run tokenized a whole 20k-chat file); with `whole_chats` (the default) only chats whose
     template fits --max_seq_length. The embedded chats are long (median answer ~340 tokens; 6 % fit 256 tokens): cut
-    to 256-token rows, most rows held a prompt alone, no label, and no answer ever ended."""
+    to 256-token rows, most rows held a prompt alone, no label, and no answer ever ended. With `max_answer_tokens`
+    only chats whose answer (the completion) is at most that many tokens."""
     from ..data import load_chat_dataset
 
     train = load_chat_dataset(spec, split="train")
     if tokenizer is not None and cfg is not None:
         whole = getattr(cfg, "whole_chats", False)
-        need, seen, picked, looked = cfg.total_tokens * 1.1, 0, [], 0
+        answer_cap = getattr(cfg, "max_answer_tokens", 0)
+        need, seen, picked, looked, long_answers = cfg.total_tokens * 1.1, 0, [], 0, 0
         order = train.shuffle(seed=cfg.seed)
         for batch in order.iter(batch_size=256):
             texts = [tokenizer.apply_chat_template(m, tokenize=False) for m in batch["messages"]]
-            for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]:
+            answers = [to_prompt_completion({"messages": m})["completion"][0]["content"] for m in batch["messages"]]
+            answer_lengths = ([len(ids) for ids in tokenizer(answers, add_special_tokens=False)["input_ids"]]
+                              if answer_cap else [0] * len(texts))
+            for ids, answer_length in zip(tokenizer(texts, add_special_tokens=False)["input_ids"], answer_lengths):
                 looked += 1
+                if answer_cap and answer_length > answer_cap:
+                    long_answers += 1
+                    continue
                 if whole and len(ids) > cfg.max_seq_length:
                     continue
                 picked.append(looked - 1)
@@ -431,11 +446,18 @@ def chat_splits(spec, tokenizer=None, cfg=None):
                     break
             if seen >= need:
                 break
+        if answer_cap and not picked:
+            raise ValueError(f"no chat of {spec} has an answer of at most --max_answer_tokens {answer_cap} tokens"
+                             + (f" and fits --max_seq_length {cfg.max_seq_length} whole" if whole else "")
+                             + ": raise them, or pass --max_answer_tokens 0 for answers of any length")
         if whole and not picked:
             raise ValueError(f"no chat of {spec} fits --max_seq_length {cfg.max_seq_length} whole: raise it, or pass "
                              "--whole_chats false to train on cut chats")
         if len(picked) < len(train):
-            fit = f" ({looked - len(picked):,} longer than --max_seq_length {cfg.max_seq_length} left out)" if whole else ""
+            cut = looked - len(picked) - long_answers
+            fit = f" ({cut:,} longer than --max_seq_length {cfg.max_seq_length} left out)" if whole else ""
+            fit += (f" ({long_answers:,} with answers over --max_answer_tokens {answer_cap} left out)"
+                    if answer_cap else "")
             short = "" if seen >= need else f"; they hold only {seen:,} tokens, so rows repeat"
             print(f"linzoo: {len(picked):,} of {len(train):,} chats cover --total_tokens {cfg.total_tokens:,}{fit}: "
                   f"training on those{short}")
