@@ -34,7 +34,10 @@ ties a row into the zoo (--teacher, --mixer, --model_name_or_path: the parent's 
 TEACHER_FLAGS), so the flags may not. A row trains once its parent is trained and is evaluated once the teacher is.
 Resuming: a command whose output is there (a trained folder's lineage; an eval's results, measured on these
 weights) is skipped unless zoo_state.json records another command line for it; anything else runs again, and the
-trainers resume a killed run from its checkpoints (or refuse a folder of other arguments). `<out>/zoo_state.json`
+trainers resume a killed run from its checkpoints (or refuse a folder of other arguments). A row whose folder holds
+a training the zoo file no longer describes (its command changed, its parent's did, or its parent was trained again
+after it) stops the build before anything runs, named with what changed; `--rebuild-changed` moves each such folder
+to `<folder>.replaced-N` (nothing is deleted) and builds it again. `<out>/zoo_state.json`
 keeps each command's line, exit code and seconds, which size the estimates of the steps left. `--max-seconds`
 stops every running command at that deadline (the next call resumes); `train_seconds` gives each training its own
 (linearize's --max_wall_seconds: it stops, saves and is evaluated; a training that would start after it does not).
@@ -406,6 +409,63 @@ def is_done(step: Step, cmd: Command, state: dict) -> bool:
             return False
         return measured is not None and measured == weights_sha256(str(step.folder))
     return True
+
+
+def replaced_rows(steps: list[Step], state: dict) -> list[tuple[Step, str]]:
+    """The rows whose folder holds a training this zoo file no longer describes, parents first, with why: the zoo file
+    changed the row's training command (zoo_state.json records another line for it), its parent is one of them, or
+    its parent was trained again after it (its weights come from a parent that is gone). Rebuilding such a row needs
+    its folder out of the way: the trainers refuse a folder of other arguments, and a stale descendant would pass for
+    done."""
+    by_name, found = {s.name: s for s in steps}, {}
+    for step in steps:
+        if step.train is None or not step.folder.is_dir() or not any(step.folder.iterdir()):
+            continue
+        records = state["steps"].get(step.name, {})
+        record = records.get("train")
+        parent = by_name.get(step.parent) if step.parent else None
+        parent_record = state["steps"].get(step.parent, {}).get("train") if step.parent else None
+        if record is not None and record["argv"] != step.train.argv:
+            found[step.name] = (step, f"its training command changed in the zoo file "
+                                      f"({argv_change(record['argv'], step.train.argv)})")
+        elif parent is not None and parent.name in found:
+            found[step.name] = (step, f"its parent {parent.name} is rebuilt")
+        elif (record is not None and parent_record is not None and record.get("rc") == 0
+              and parent_record.get("rc") == 0 and parent_record.get("ended", "") > record.get("ended", "")):
+            found[step.name] = (step, f"its parent {parent.name} was trained again after it "
+                                      f"({parent_record['ended']} > {record['ended']})")
+    return list(found.values())
+
+
+def argv_change(old: list[str], new: list[str]) -> str:
+    """What differs between two command lines, word by word, each change with the flag it belongs to:
+    "--dataset embedded -> long; --max_seq_length 256 -> 512"."""
+    import difflib
+
+    changes = []
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=old, b=new, autojunk=False).get_opcodes():
+        if op == "equal":
+            continue
+        first = (old[i1:i2] or new[j1:j2])[0]
+        flag = old[i1 - 1] if i1 > 0 and old[i1 - 1].startswith("--") and not first.startswith("--") else ""
+        was, now = " ".join(old[i1:i2]) or "(nothing)", " ".join(new[j1:j2]) or "(nothing)"
+        changes.append(f"{flag} {was} -> {now}".strip())
+    return "; ".join(changes)
+
+
+def move_aside(step: Step, state: dict, say=print) -> Path:
+    """Moves a replaced row's folder (and its log) to `<folder>.replaced-N` (the first N free) and forgets its
+    commands in `state`: nothing is deleted."""
+    n = 1
+    while Path(f"{step.folder}.replaced-{n}").exists():
+        n += 1
+    aside = Path(f"{step.folder}.replaced-{n}")
+    step.folder.rename(aside)
+    if step.log.is_file():
+        step.log.rename(Path(f"{aside}.log"))
+    state["steps"].pop(step.name, None)
+    say(f"zoo: {step.name}: moved to {aside} (rebuilt from the zoo file)")
+    return aside
 
 
 def command_seconds(step: Step, cmd: Command, zoo: Zoo, state: dict) -> float:
@@ -806,6 +866,10 @@ def main(argv: list[str] | None = None) -> int:
                                          "teacher: a part of the zoo that fits one lease")
     parser.add_argument("--max-seconds", type=float, default=0.0,
                         help="stop every running command at this deadline (the next call resumes); 0: none")
+    parser.add_argument("--rebuild-changed", action="store_true",
+                        help="rows whose folder holds a training the zoo file no longer describes (its command "
+                             "changed, or its parent's did): move each folder to <folder>.replaced-N and build it "
+                             "again, with its descendants; without it such a build stops first and names them")
     parser.add_argument("--check", action="store_true",
                         help="what the plan would fail on that can be seen now (imports, the teacher, every command's "
                              "flags, the eval data), one line each; runs nothing (a build checks this first)")
@@ -836,7 +900,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{Path(args.out) / 'zoo.md'}")
         return 0
     print("\n".join(plan_lines(zoo, steps, args.out, zoo.jobs, state)), flush=True)
+    replaced = replaced_rows(steps, state)
     if args.dry_run:
+        for step, why in replaced:
+            print(f"zoo: {step.name}: {why}: built again with --rebuild-changed", flush=True)
         return 0
     from linzoo.zoo_check import check_plan
 
@@ -847,6 +914,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"zoo: check: {len(problems)} problems" + (": fix them, then run again" if problems else ": ready"),
               flush=True)
         return 2 if problems else 0
+    if replaced and not args.rebuild_changed:
+        for step, why in replaced:
+            print(f"zoo: {step.name}: {why}", flush=True)
+        print(f"zoo: {len(replaced)} rows hold trainings this zoo file no longer describes: pass --rebuild-changed "
+              "to move their folders to <folder>.replaced-N (nothing is deleted) and build them again, or run the "
+              "zoo file that built them", flush=True)
+        return 2
+    for step, why in replaced:
+        print(f"zoo: {step.name}: {why}", flush=True)
+        move_aside(step, state, say=lambda line: print(line, flush=True))
+    if replaced:
+        write_json(Path(args.out) / STATE_FILE, state)
     build = Build(zoo, steps, args.out, zoo.jobs, args.max_seconds, say=lambda line: print(line, flush=True))
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the commands, write the report
     try:

@@ -170,6 +170,53 @@ def test_a_killed_build_resumes_to_the_zoo_of_an_unkilled_one(tiny_teacher_dir, 
     assert zoo.main(["--config", str(config), "--out", str(out)]) == 0
     assert "started" not in capsys.readouterr().out
 
+    # the zoo file changes the base's recipe: the base and the instruct row trained from it are named, not built over
+    # (the trainer would refuse the folder; the instruct row would pass for done); --rebuild-changed moves both aside
+    changed = yaml.safe_load(config.read_text())
+    changed["variants"]["base"]["tokens"] = 640
+    config.write_text(yaml.safe_dump(changed, sort_keys=False))
+    assert zoo.main(["--config", str(config), "--out", str(out)]) == 2
+    said = capsys.readouterr().out
+    assert "zoo: gated_deltanet/base: its training command changed in the zoo file (--total_tokens 600 -> 640)" in said
+    assert "zoo: gated_deltanet/instruct: its parent gated_deltanet/base is rebuilt" in said
+    assert "zoo: 2 rows hold trainings this zoo file no longer describes: pass --rebuild-changed" in said
+    assert "started" not in said and (base / "linzoo_training.json").read_bytes() == before[base / "linzoo_training.json"]
+    assert zoo.main(["--config", str(config), "--out", str(out), "--rebuild-changed"]) == 0
+    said = capsys.readouterr().out
+    assert f"zoo: gated_deltanet/base: moved to {base}.replaced-1" in said
+    assert "[3/3] gated_deltanet/instruct: done in" in said and "[1/3] teacher: done earlier (skipped)" in said
+    assert (Path(f"{base}.replaced-1") / "linzoo_training.json").read_bytes() == before[base / "linzoo_training.json"]
+    assert (Path(f"{instruct}.replaced-1") / "linzoo_training.json").is_file()  # kept, not deleted
+    assert json.loads((base / "linzoo_training.json").read_text())["total_tokens"] == 640
+    assert zoo.replaced_rows(zoo.plan(zoo.read_zoo(config), out), zoo.read_state(out)) == []
+
+
+def test_a_row_trained_before_its_parent_was_trained_again_is_replaced(tmp_path):
+    """A parent trained again (its folder removed by hand, then rebuilt) leaves its descendants trained from weights
+    that are gone: they are named, though their own commands did not change."""
+    config = _three_variants(tmp_path, mixers=["gated_deltanet"])
+    steps = zoo.plan(zoo.read_zoo(config), tmp_path / "runs")
+    for step in steps[1:]:
+        step.folder.mkdir(parents=True)
+        (step.folder / "linzoo_training.json").write_text("{}")
+
+    def record(step, ended):
+        return {"train": {"label": "train", "argv": step.train.argv, "rc": 0, "ended": ended}}
+
+    base, instruct, distilled = steps[1:]
+    state = {"steps": {base.name: record(base, "2026-12-06 10:00:00"), instruct.name: record(instruct, "2026-12-06 "
+                                                                                               "11:00:00"),
+                       distilled.name: record(distilled, "2026-12-06 12:00:00")}}
+    assert zoo.replaced_rows(steps, state) == []
+    state["steps"][base.name]["train"]["ended"] = "2026-12-06 11:30:00"  # the base trained again after instruct
+    assert [(s.name, why) for s, why in zoo.replaced_rows(steps, state)] == [
+        (instruct.name, f"its parent {base.name} was trained again after it (2026-12-06 11:30:00 > 2026-12-06 "
+                        "11:00:00)"),
+        (distilled.name, f"its parent {instruct.name} is rebuilt")]
+    aside = zoo.move_aside(instruct, state, say=lambda line: None)
+    assert aside == Path(f"{instruct.folder}.replaced-1") and (aside / "linzoo_training.json").is_file()
+    assert not instruct.folder.exists() and instruct.name not in state["steps"]
+
 
 def test_the_deadline_stops_what_runs_and_says_so(tiny_teacher_dir, tiny_corpus, tmp_path, capsys):
     config, out = _tiny_zoo(tmp_path, tiny_teacher_dir, tiny_corpus), tmp_path / "runs"
