@@ -417,22 +417,20 @@ def replaced_rows(steps: list[Step], state: dict) -> list[tuple[Step, str]]:
     its parent was trained again after it (its weights come from a parent that is gone). Rebuilding such a row needs
     its folder out of the way: the trainers refuse a folder of other arguments, and a stale descendant would pass for
     done."""
-    by_name, found = {s.name: s for s in steps}, {}
+    found = {}
     for step in steps:
         if step.train is None or not step.folder.is_dir() or not any(step.folder.iterdir()):
             continue
-        records = state["steps"].get(step.name, {})
-        record = records.get("train")
-        parent = by_name.get(step.parent) if step.parent else None
+        record = state["steps"].get(step.name, {}).get("train")
         parent_record = state["steps"].get(step.parent, {}).get("train") if step.parent else None
         if record is not None and record["argv"] != step.train.argv:
             found[step.name] = (step, f"its training command changed in the zoo file "
                                       f"({argv_change(record['argv'], step.train.argv)})")
-        elif parent is not None and parent.name in found:
-            found[step.name] = (step, f"its parent {parent.name} is rebuilt")
+        elif step.parent in found:
+            found[step.name] = (step, f"its parent {step.parent} is rebuilt")
         elif (record is not None and parent_record is not None and record.get("rc") == 0
               and parent_record.get("rc") == 0 and parent_record.get("ended", "") > record.get("ended", "")):
-            found[step.name] = (step, f"its parent {parent.name} was trained again after it "
+            found[step.name] = (step, f"its parent {step.parent} was trained again after it "
                                       f"({parent_record['ended']} > {record['ended']})")
     return list(found.values())
 
@@ -914,16 +912,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"zoo: check: {len(problems)} problems" + (": fix them, then run again" if problems else ": ready"),
               flush=True)
         return 2 if problems else 0
+    for step, why in replaced:
+        print(f"zoo: {step.name}: {why}", flush=True)
+        if args.rebuild_changed:
+            move_aside(step, state, say=lambda line: print(line, flush=True))
     if replaced and not args.rebuild_changed:
-        for step, why in replaced:
-            print(f"zoo: {step.name}: {why}", flush=True)
         print(f"zoo: {len(replaced)} rows hold trainings this zoo file no longer describes: pass --rebuild-changed "
               "to move their folders to <folder>.replaced-N (nothing is deleted) and build them again, or run the "
               "zoo file that built them", flush=True)
         return 2
-    for step, why in replaced:
-        print(f"zoo: {step.name}: {why}", flush=True)
-        move_aside(step, state, say=lambda line: print(line, flush=True))
     if replaced:
         write_json(Path(args.out) / STATE_FILE, state)
     build = Build(zoo, steps, args.out, zoo.jobs, args.max_seconds, say=lambda line: print(line, flush=True))

@@ -430,9 +430,10 @@ def chat_splits(spec, tokenizer=None, cfg=None):
         order = train.shuffle(seed=cfg.seed)
         for batch in order.iter(batch_size=256):
             texts = [tokenizer.apply_chat_template(m, tokenize=False) for m in batch["messages"]]
-            answers = [to_prompt_completion({"messages": m})["completion"][0]["content"] for m in batch["messages"]]
-            answer_lengths = ([len(ids) for ids in tokenizer(answers, add_special_tokens=False)["input_ids"]]
-                              if answer_cap else [0] * len(texts))
+            answer_lengths = [0] * len(texts)
+            if answer_cap:  # the completion to_prompt_completion makes of each chat, in tokens
+                answers = [to_prompt_completion({"messages": m})["completion"][0]["content"] for m in batch["messages"]]
+                answer_lengths = [len(ids) for ids in tokenizer(answers, add_special_tokens=False)["input_ids"]]
             for ids, answer_length in zip(tokenizer(texts, add_special_tokens=False)["input_ids"], answer_lengths):
                 looked += 1
                 if answer_cap and answer_length > answer_cap:
