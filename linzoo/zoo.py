@@ -413,10 +413,10 @@ def is_done(step: Step, cmd: Command, state: dict) -> bool:
 
 def replaced_rows(steps: list[Step], state: dict) -> list[tuple[Step, str]]:
     """The rows whose folder holds a training this zoo file no longer describes, parents first, with why: the zoo file
-    changed the row's training command (zoo_state.json records another line for it), its parent is one of them, or
-    its parent was trained again after it (its weights come from a parent that is gone). Rebuilding such a row needs
-    its folder out of the way: the trainers refuse a folder of other arguments, and a stale descendant would pass for
-    done."""
+    changed the row's training command (zoo_state.json records another line for it, finished or killed mid-way), its
+    parent is one of them, or its parent was trained again after it (its weights come from a parent that is gone).
+    Rebuilding such a row needs its folder out of the way: the trainers refuse a folder of other arguments, and a stale
+    descendant would pass for done."""
     found = {}
     for step in steps:
         if step.train is None or not step.folder.is_dir() or not any(step.folder.iterdir()):
@@ -591,6 +591,16 @@ class Build:
             "command": cmd.command, "ended": time.strftime("%Y-%m-%d %H:%M:%S")}
         self.save_state()
 
+    def note_start(self, step: Step, cmd: Command):
+        """Records a training's command line as it starts (rc None until it ends), so that a row killed mid-training
+        whose command then changes in the zoo file is named by `replaced_rows`, not left to the trainer's refusal."""
+        record = self.state["steps"].setdefault(step.name, {}).get(cmd.label)
+        if record is None or record["argv"] != cmd.argv:
+            self.state["steps"][step.name][cmd.label] = {
+                "label": cmd.label, "argv": cmd.argv, "rc": None, "tokens": cmd.tokens, "command": cmd.command,
+                "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+            self.save_state()
+
     def train_deadline(self, cmd: Command) -> list[str] | None:
         """The flags that end a training command by the zoo's `train_seconds` (counted from the first training start
         of this plan: the zoo file and its mixers, kept in zoo_state.json across calls); [] without one; None when its
@@ -620,6 +630,8 @@ class Build:
             if deadline is None:
                 return None
             self.ran.add(step.name)
+            if cmd.label == "train":
+                self.note_start(step, cmd)
             step.log.parent.mkdir(parents=True, exist_ok=True)
             log = open(step.log, "a")
             log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} $ linzoo {shlex.join(cmd.argv + deadline)}\n")

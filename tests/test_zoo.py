@@ -145,6 +145,8 @@ def test_a_killed_build_resumes_to_the_zoo_of_an_unkilled_one(tiny_teacher_dir, 
             pass
     log = "".join(seen)
     assert "[2/3] gated_deltanet/base: done in" in log and "est. left" in log, log
+    killed = zoo.read_state(out)["steps"]["gated_deltanet/instruct"]["train"]  # recorded as it started
+    assert killed["rc"] is None and killed["argv"][0] == "sft" and "seconds" not in killed
     assert (base / "README.md").is_file() and not (instruct / "linzoo_training.json").exists()
     before = {p: p.read_bytes() for p in (base / "linzoo_training.json", base / "eval" / "niah.json")}
     assert "gated_deltanet/base" in (out / "zoo.md").read_text()  # a killed build still has its report
@@ -189,6 +191,23 @@ def test_a_killed_build_resumes_to_the_zoo_of_an_unkilled_one(tiny_teacher_dir, 
     assert (Path(f"{instruct}.replaced-1") / "linzoo_training.json").is_file()  # kept, not deleted
     assert json.loads((base / "linzoo_training.json").read_text())["total_tokens"] == 640
     assert zoo.replaced_rows(zoo.plan(zoo.read_zoo(config), out), zoo.read_state(out)) == []
+
+
+def test_a_row_killed_mid_training_then_changed_in_the_zoo_file_is_replaced(tmp_path):
+    """The build records a training's line as it starts: a row killed mid-way whose command then changes is named
+    with the change (rather than failing in the trainer, which refuses a folder of other arguments)."""
+    config = _three_variants(tmp_path, mixers=["gated_deltanet"])
+    steps = zoo.plan(zoo.read_zoo(config), tmp_path / "runs")
+    base = steps[1]
+    base.folder.mkdir(parents=True)
+    (base.folder / "linzoo_run.json").write_text("{}")  # what a killed training leaves: its record, no model
+    old = list(base.train.argv)
+    old[old.index("--total_tokens") + 1] = "1"
+    state = {"steps": {base.name: {"train": {"label": "train", "argv": old, "rc": None, "started": "2026-12-06"}}}}
+    assert [(s.name, why) for s, why in zoo.replaced_rows(steps, state)] == [
+        (base.name, f"its training command changed in the zoo file (--total_tokens 1 -> {base.train.tokens})")]
+    state["steps"][base.name]["train"]["argv"] = base.train.argv  # the same line: resumed, not replaced
+    assert zoo.replaced_rows(steps, state) == []
 
 
 def test_a_row_trained_before_its_parent_was_trained_again_is_replaced(tmp_path):
