@@ -194,8 +194,9 @@ def test_a_killed_build_resumes_to_the_zoo_of_an_unkilled_one(tiny_teacher_dir, 
 
 
 def test_a_row_killed_mid_training_then_changed_in_the_zoo_file_is_replaced(tmp_path):
-    """The build records a training's line as it starts: a row killed mid-way whose command then changes is named
-    with the change (rather than failing in the trainer, which refuses a folder of other arguments)."""
+    """A row killed mid-training (its state holds the line recorded as it started, rc none; the killed build's test
+    checks that the build writes it) whose command then changes is named with the change, rather than failing in the
+    trainer, which refuses a folder of other arguments; the same line is resumed, not replaced."""
     config = _three_variants(tmp_path, mixers=["gated_deltanet"])
     steps = zoo.plan(zoo.read_zoo(config), tmp_path / "runs")
     base = steps[1]
