@@ -16,6 +16,7 @@ Searches (one JSON line per scored set on stdout, the search's choice last):
   greedy     from --start (default none), add the layer whose softmax raises the score most, until --k layers
 
     python scripts/prose_layers.py --search greedy --k 10 --mixer gated_deltanet > greedy.jsonl
+    python scripts/prose_layers.py --plot drop.jsonl runs/zoo/gated_deltanet/base/eval/teacher/heads.json --out x.png
 """
 
 import argparse
@@ -42,9 +43,11 @@ def selection_prompts(tokenizer, lengths, depths, per_cell, seed):
 class Starts:
     """Fitted starts of any softmax set from one fitted all-mixer student."""
 
-    def __init__(self, teacher, tokenizer, mixer, window):
+    def __init__(self, teacher, tokenizer, mixer, window, calibration=None):
+        """`calibration`: token ids [rows, length] (default: `linzoo linearize`'s, from the embedded train split)."""
         self.teacher, self.mixer, self.window = teacher, mixer, window
-        self.calibration = calibration_ids(load_text_dataset("embedded", split="train"), tokenizer)
+        self.calibration = (calibration_ids(load_text_dataset("embedded", split="train"), tokenizer)
+                            if calibration is None else calibration)
         torch.manual_seed(0)
         self.fitted = linzoo.linearize(teacher, mixer, calibration=self.calibration, attn_layers=[],
                                        window_size=window).eval()
@@ -70,7 +73,42 @@ def score(model, tokenizer, prompts, batch_size):
     return mean, se, values
 
 
+def plot(drop_file, heads_file, out):
+    """Per layer: the key log-prob the drop-one search lost by linearizing it, beside the passkey score of its best
+    head (`linzoo eval heads`, what auto:K ranks by), the chosen ten marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in open(drop_file)]
+    teacher = next(r["key_logprob"] for r in rows if r["name"] == "teacher")
+    cost = {int(r["name"][4:]): teacher - r["key_logprob"] for r in rows if r["name"].startswith("drop")}
+    heads = json.load(open(heads_file))["layer_scores"]
+    layers = sorted(cost)
+    chosen = sorted(sorted(layers, key=cost.get, reverse=True)[:10])
+    auto = sorted(sorted(range(len(heads)), key=lambda l: heads[l], reverse=True)[:10])
+    fig, (a, b) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
+    a.bar(layers, [cost[l] for l in layers], color=["C3" if l in chosen else "C7" for l in layers])
+    a.set_yscale("log")
+    a.set_ylabel("key log-prob lost (nats)\nthis layer alone linear")
+    a.set_title(f"prose: the ten costliest layers (red) {chosen}")
+    b.bar(range(len(heads)), heads, color=["C0" if l in auto else "C7" for l in range(len(heads))])
+    b.set_ylabel("best head's passkey score\n(noise haystack)")
+    b.set_title(f"auto:10 keeps the ten best (blue) {auto}")
+    b.set_xlabel("teacher layer")
+    b.set_xticks(range(len(heads)))
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    print(f"prose_layers: wrote {out}")
+
+
 def main(argv=None):
+    if argv is None and sys.argv[1:2] == ["--plot"] or argv and argv[0] == "--plot":
+        args = (argv or sys.argv[1:])
+        if len(args) != 5 or args[3] != "--out":
+            sys.exit("prose_layers: --plot DROP.jsonl HEADS.json --out PNG")
+        return plot(args[1], args[2], args[4])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--search", choices=["drop-one", "greedy", "sets"], default="greedy")
     p.add_argument("--mixer", default="gated_deltanet")

@@ -150,3 +150,35 @@ def test_attn_layers_flag_errors(bad):
     with pytest.raises(ValueError, match="--attn_layers"):
         parse_attn_layers(bad)
     assert parse_attn_layers(["3", "4"]) == ([3, 4], None) and parse_attn_layers(["auto:3"]) == ([], 3)
+
+
+def test_prose_layers_composes_the_fitted_start_of_any_softmax_set():
+    """scripts/prose_layers.py scores a softmax set by the fitted start `linzoo linearize` would build for it, made from
+    one fitted all-mixer student: the fit is per layer on the teacher's activations, so the two must be the same
+    model (and a set's layers must keep the teacher's attention)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import linzoo
+    from prose_layers import Starts
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    teacher = LlamaForCausalLM(config).eval()
+    calibration = torch.randint(0, 97, (2, 64))
+    starts = Starts(teacher, None, "gated_deltanet", 8, calibration=calibration)
+    ids = torch.randint(0, 97, (1, 40))
+    for layers in ({1, 2}, {0}, set()):
+        torch.manual_seed(0)
+        direct = linzoo.linearize(teacher, "gated_deltanet", calibration=calibration, attn_layers=sorted(layers),
+                                  window_size=8).eval()
+        composed = starts.build(layers)
+        assert composed.config.attn_layers == sorted(layers)
+        with torch.inference_mode():
+            torch.testing.assert_close(composed(ids).logits, direct(ids).logits, rtol=0, atol=1e-6)
+    # the set's layers are the teacher's attention, the others the fitted mixers (not the plain start)
+    composed = starts.build({1})
+    plain = linzoo.linearize(teacher, "gated_deltanet", attn_layers=[1], window_size=8, conv_activation="silu_qk")
+    with torch.inference_mode():
+        assert not torch.allclose(composed(ids).logits, plain.eval()(ids).logits)

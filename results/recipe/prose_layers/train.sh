@@ -2,9 +2,9 @@
 # The CPU zoo's hybrid base recipe (stage 1 only, 20k tokens of 512-token long-document rows, a 64-token window) with
 # softmax at LAYERS (space-separated), seed SEED, mixer MIXER; then natural NIAH on 48 prompts a length (the same
 # prompts as ../natural_stage2/), classic NIAH (12 a length) and quality beside the zoo teacher's:
-#   LAYERS="7 8 15 17 18 20 21 23" SEED=42 OUT=runs/pl TEACHER_QUALITY=runs/zoo/teacher/eval/quality.json bash train.sh
+#   EVAL_DATA=../shared/data/eval LAYERS="7 8 15 17 18 20 21 23" SEED=42 OUT=runs/pl TEACHER_QUALITY=runs/zoo/teacher/eval/quality.json bash train.sh
 set -e
-: "${OUT:?where the student goes}" "${TEACHER_QUALITY:?the quality.json of the zoo teacher row}" "${LAYERS:?softmax layers}"
+: "${EVAL_DATA:?the five zero-shot sets (evals/LM_EVAL.md)}" "${OUT:?where the student goes}" "${TEACHER_QUALITY:?the quality.json of the zoo teacher row}" "${LAYERS:?softmax layers}"
 S=${SEED:-42} M=${MIXER:-gated_deltanet}; O=$OUT/$M-$(echo $LAYERS | tr ' ' '_')-s$S
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 # shellcheck disable=SC2086
