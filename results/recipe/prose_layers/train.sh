@@ -12,8 +12,4 @@ linzoo linearize --teacher embedded --mixer $M --total_tokens 20000 --dataset lo
   --max_seq_length 512 --per_device_train_batch_size 1 --attn_layers $LAYERS --window_size 64 \
   --stage_fractions 1 0 0 --stage_trainable mixers mixers mixers --stage_learning_rates 1e-3 5e-4 1e-3 \
   --logging_steps 4 --save_steps 20 --disable_tqdm true --seed $S --output_dir $O
-linzoo eval niah --model $O --out $O/eval/natural --variant natural --lengths 256,512 \
-  --depths 0,0.5,1 --samples_per_cell 16 --batch_size 8
-linzoo eval niah --model $O --out $O/eval --lengths 256,512 --depths 0,0.5,1 --samples_per_cell 4 --batch_size 6
-linzoo eval quality --model $O --out $O/eval --limit 30 --heldout_tokens 2048 --heldout_chat_tokens 1024 \
-  --teacher embedded --teacher_results "$TEACHER_QUALITY"
+bash "$(dirname "$0")/../eval_row.sh" $O "$TEACHER_QUALITY"
