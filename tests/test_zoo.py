@@ -627,3 +627,21 @@ def test_the_readme_zoo_table_is_the_committed_builds():
     builds = sorted((root / "results" / "zoo" / "cpu").glob("*/zoo-summary.md"))
     assert builds, "no committed zoo build: results/zoo/cpu/<date>/zoo-summary.md"
     assert builds[-1].read_text() in (root / "README.md").read_text(), f"README's zoo table drifted: paste {builds[-1]}"
+
+
+def test_zoo_results_counts_a_resumed_build_by_its_segments():
+    """scripts/zoo_results.py's wall time: the commands' spans merged where they overlap or follow within the gap; a
+    longer pause (a killed build resumed in a later session) starts a new segment and is not counted."""
+    from zoo_results import segments
+
+    def run(end, seconds):
+        return {"rc": 0, "seconds": seconds, "ended": end}
+
+    state = {"steps": {
+        "teacher": {"eval niah": run("2026-12-07 02:00:00", 600)},                   # 01:50-02:00
+        "a/base": {"train": run("2026-12-07 02:10:00", 900),                          # 01:55-02:10, overlapping
+                   "eval niah": run("2026-12-07 02:15:00", 240)},                     # 02:11-02:15, within the gap
+        "a/instruct": {"train": run("2026-12-07 06:00:00", 1800)}}}                   # 05:30-06:00: resumed later
+    parts = segments(state, gap=120)
+    assert [round(b - a) for a, b in parts] == [1500, 1800]
+    assert len(segments(state, gap=4 * 3600)) == 1
