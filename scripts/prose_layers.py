@@ -29,7 +29,7 @@ import torch
 import linzoo
 from linzoo.data import load_text_dataset
 from linzoo.evals.common import load_texts
-from linzoo.evals.niah import _key_logprobs, build_haystack, prose, sample_seed
+from linzoo.evals.niah import _key_logprobs, build_haystack, prose, sample_seed, summarize_logprobs
 from linzoo.trainers.linearize import calibration_ids
 
 
@@ -64,13 +64,12 @@ class Starts:
 
 
 def score(model, tokenizer, prompts, batch_size):
+    """The key's mean teacher-forced log-probability over `prompts` and its standard error (`linzoo eval niah`'s)."""
     values = []
     for start in range(0, len(prompts), batch_size):
         values += _key_logprobs(model, tokenizer, prompts[start:start + batch_size])
-    n = len(values)
-    mean = sum(values) / n
-    se = (sum((v - mean) ** 2 for v in values) / (n - 1) / n) ** 0.5
-    return mean, se, values
+    summary = summarize_logprobs({0: values})
+    return summary["key_logprob"], summary["key_logprob_se"]
 
 
 def plot(drop_file, heads_file, out):
@@ -104,11 +103,6 @@ def plot(drop_file, heads_file, out):
 
 
 def main(argv=None):
-    if argv is None and sys.argv[1:2] == ["--plot"] or argv and argv[0] == "--plot":
-        args = (argv or sys.argv[1:])
-        if len(args) != 5 or args[3] != "--out":
-            sys.exit("prose_layers: --plot DROP.jsonl HEADS.json --out PNG")
-        return plot(args[1], args[2], args[4])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--search", choices=["drop-one", "greedy", "sets"], default="greedy")
     p.add_argument("--mixer", default="gated_deltanet")
@@ -121,7 +115,14 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=1000)
     p.add_argument("--batch_size", type=int, default=6)
     p.add_argument("--check", action="store_true", help="compare a composed start with one built directly")
+    p.add_argument("--plot", nargs=2, metavar=("DROP_JSONL", "HEADS_JSON"),
+                   help="no search: draw a drop-one search's costs beside the teacher's head scores into --out")
+    p.add_argument("--out", help="--plot: the PNG to write")
     args = p.parse_args(argv)
+    if args.plot:
+        if not args.out:
+            p.error("--plot needs --out PNG")
+        return plot(*args.plot, args.out)
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     teacher, tok = linzoo.load_teacher("embedded")
@@ -137,7 +138,7 @@ def main(argv=None):
     def measure(name, layers):
         start = time.time()
         model = teacher if len(layers) == n_layers else starts.build(set(layers))
-        mean, se, _ = score(model, tok, prompts, args.batch_size)
+        mean, se = score(model, tok, prompts, args.batch_size)
         row = {"name": name, "mixer": args.mixer, "window": args.window, "attn_layers": sorted(layers),
                "key_logprob": round(mean, 3), "se": round(se, 3), "prompts": len(prompts), "seed": args.seed,
                "seconds": round(time.time() - start, 1)}
