@@ -672,6 +672,11 @@ class Build:
         return "running" if any(n in self.running for n in names) else "to do"
 
     def stop_all(self):
+        """Stops what runs (a deadline, an interrupt). A stopped command is no result, but the time it ran is part of
+        the build's: zoo_state.json's "stopped" keeps it (scripts/zoo_results.py counts it)."""
+        now, ended = time.time(), time.strftime("%Y-%m-%d %H:%M:%S")
+        stopped = [{"step": task["step"].name, "label": task["commands"][i].label, "seconds": round(now - began, 1),
+                    "ended": ended} for task, i, _, began, _ in self.running.values()]
         for task, _, proc, _, log in self.running.values():
             proc.terminate()
         for task, _, proc, _, log in self.running.values():
@@ -682,6 +687,9 @@ class Build:
                 proc.wait()
             log.close()
         self.running.clear()
+        if stopped:
+            self.state.setdefault("stopped", []).extend(stopped)
+            self.save_state()
 
     def run(self) -> int:
         from linzoo.zoo_report import machine

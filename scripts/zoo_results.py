@@ -1,6 +1,6 @@
 """Pack a built zoo into a committed results folder: the report (`linzoo zoo --report-only`), the state, every card,
 the zoo file it ran, the build's logs and the push plan (`linzoo push-zoo --dry-run`), then print the time the build
-took, read off `zoo_state.json`: each command's seconds and end time.
+took, read off `zoo_state.json`: each command's seconds and end time, the commands a deadline stopped included.
 
     python scripts/zoo_results.py --zoo runs/zoo --config recipes/135m/zoo-cpu.yaml \
         --dest results/zoo/cpu/<date>-<name> --log build-1.log --log build-2.log
@@ -17,9 +17,15 @@ from datetime import datetime
 from pathlib import Path
 
 
+def runs(state: dict) -> list[dict]:
+    """Every command's record with an end and seconds: the finished ones (`steps`) and those a deadline or an interrupt
+    stopped (`stopped`: a resumed command's record times only its last run)."""
+    done = [r for cmds in state["steps"].values() for r in cmds.values()]
+    return [r for r in done + state.get("stopped", []) if r.get("ended") and r.get("seconds") is not None]
+
+
 def segments(state: dict, gap: float) -> list[tuple[float, float]]:
-    spans = sorted((end - r["seconds"], end) for cmds in state["steps"].values() for r in cmds.values()
-                   if r.get("ended") and r.get("seconds") is not None
+    spans = sorted((end - r["seconds"], end) for r in runs(state)
                    for end in [datetime.strptime(r["ended"], "%Y-%m-%d %H:%M:%S").timestamp()])
     merged: list[list[float]] = []
     for start, end in spans:
@@ -58,10 +64,12 @@ def main(argv=None):
     (dest / "push-zoo-dry-run.txt").write_text(push.stdout + push.stderr)
     state = json.loads((zoo / "zoo_state.json").read_text())
     seconds = sum(r.get("seconds") or 0 for cmds in state["steps"].values() for r in cmds.values() if r.get("rc") == 0)
+    stopped = sum(r["seconds"] for r in state.get("stopped", []))
     parts = segments(state, args.gap)
     wall = sum(b - a for a, b in parts)
     fmt = "%Y-%m-%d %H:%M"
     print(json.dumps({"steps": len(state["steps"]), "command_seconds": round(seconds),
+                      "stopped_seconds": round(stopped),
                       "segments": [f"{datetime.fromtimestamp(a).strftime(fmt)} - {datetime.fromtimestamp(b).strftime(fmt)}"
                                    for a, b in parts],
                       "wall_seconds": round(wall), "wall_hours": round(wall / 3600, 2)}, indent=1))

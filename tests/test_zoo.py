@@ -246,7 +246,10 @@ def test_the_deadline_stops_what_runs_and_says_so(tiny_teacher_dir, tiny_corpus,
     said = capsys.readouterr().out
     assert "teacher: eval niah started" in said
     assert "zoo: not finished: the deadline (--max-seconds) came with 3 steps left; run the same command again" in said
-    assert zoo.read_state(out)["steps"] == {}  # a stopped command is no result
+    state = zoo.read_state(out)
+    assert state["steps"] == {}  # a stopped command is no result, but its time is the build's
+    assert [(r["step"], r["label"]) for r in state["stopped"]] == [("teacher", "eval niah")]
+    assert 0 < state["stopped"][0]["seconds"] < 30
     assert "| teacher `" in (out / "zoo.md").read_text() and (out / "zoo.png").is_file()
 
 
@@ -645,3 +648,7 @@ def test_zoo_results_counts_a_resumed_build_by_its_segments():
     parts = segments(state, gap=120)
     assert [round(b - a) for a, b in parts] == [1500, 1800]
     assert len(segments(state, gap=4 * 3600)) == 1
+    # a command the deadline stopped at 02:40 after 20 min, resumed at 05:30: its first run is part of the build
+    state["stopped"] = [{"step": "a/instruct", "label": "train", "seconds": 1200, "ended": "2026-12-07 02:40:00"}]
+    assert [round(b - a) for a, b in segments(state, gap=120)] == [1500, 1200, 1800]
+    assert [round(b - a) for a, b in segments(state, gap=900)] == [3000, 1800]
