@@ -2,7 +2,9 @@
 beside this checkout: a call sends the tracked files plus what `carry` names, 64 MiB in all, and prepare.sh's bundles
 (<= 54 MB) stop fitting once the tracked files pass ~13 MB (2026-12-07: 16.8 MB, and every staging call was refused
 as too large). Files are packed first-fit by size into as few bundles as fit; MANIFEST and TEACHER_SHA256 go into
-each (stage.sh reads them from its pool). Prints each bundle's size and the room left.
+each (stage.sh reads them from its pool). A file larger than that room (tilelang's 49.6 MB wheel, once the
+checkout passed 16.8 MiB) is split into parts that stage.sh, patched here once, joins on the machine. Prints each
+bundle's size and the room left.
 
     python scripts/rebundle_dev.py            # then carry [.dev/stage.sh, .dev/bN] a call, as before
 """
@@ -20,7 +22,7 @@ SHARED = ("MANIFEST", "TEACHER_SHA256")
 def main():
     dev = Path(".dev")
     bundles = sorted(p for p in dev.glob("b[0-9]*") if p.is_dir())
-    if not bundles:
+    if not bundles and not (dev / "pool.tmp").is_dir():  # pool.tmp: a run stopped before it had re-split
         sys.exit("rebundle_dev: no .dev/b* bundles here: run `bash ../shared/device/prepare.sh` in the checkout first")
     tracked = sum(Path(f).stat().st_size for f in subprocess.run(
         ["git", "ls-files", "-z"], capture_output=True, text=True, check=True).stdout.split("\0") if f and Path(f).is_file())
@@ -35,13 +37,17 @@ def main():
             else:
                 shutil.move(str(f), target)
         b.rmdir()
+    join(pool)
     shared = [pool / n for n in SHARED if (pool / n).exists()]
     files = sorted((f for f in pool.iterdir() if f.name not in SHARED), key=lambda f: -f.stat().st_size)
     room -= sum(f.stat().st_size for f in shared)
-    too_big = [f.name for f in files if f.stat().st_size > room]
-    if too_big:
-        sys.exit(f"rebundle_dev: {', '.join(too_big)} alone exceed the {room / 2**20:.1f} MiB a call has beside the "
-                 f"{tracked / 2**20:.1f} MiB of tracked files: make the checkout smaller (files are in {pool})")
+    if room < 2**20:
+        sys.exit(f"rebundle_dev: the {tracked / 2**20:.1f} MiB of tracked files leave no room in a call's 64 MiB: "
+                 f"make the checkout smaller (files are in {pool})")
+    for f in [f for f in files if f.stat().st_size > room // 2]:  # halves pack badly: split into thirds of a call
+        split(f, room // 3)
+    patch_stage(dev / "stage.sh")
+    files = sorted((f for f in pool.iterdir() if f.name not in SHARED), key=lambda f: -f.stat().st_size)
     bins: list[list[Path]] = []
     for f in files:
         for b in bins:
@@ -62,6 +68,43 @@ def main():
     for s in shared:
         s.unlink()
     pool.rmdir()
+
+
+def split(f: Path, most: int):
+    """A large file travels as `<name>.split<i>of<n>` parts of at most `most` bytes; stage.sh joins them."""
+    data = f.read_bytes()
+    n = -(-len(data) // most)
+    size = -(-len(data) // n)
+    for i in range(n):
+        (f.parent / f"{f.name}.split{i}of{n}").write_bytes(data[i * size:(i + 1) * size])
+    f.unlink()
+    print(f"{f.name}: {len(data) / 2**20:.1f} MiB, split into {n} parts")
+
+
+def join(pool: Path):
+    """Undo split() in the pool, so that a re-split starts from whole files."""
+    for first in sorted(pool.glob("*.split0of*")):
+        base, n = first.name.rsplit(".split0of", 1)
+        parts = [pool / f"{base}.split{i}of{n}" for i in range(int(n))]
+        (pool / base).write_bytes(b"".join(x.read_bytes() for x in parts))
+        for x in parts:
+            x.unlink()
+
+
+JOIN = ('for p in $S/pool/*.split0of*; do [ -f "$p" ] || continue; base=${p%.split0of*}; n=${p##*.split0of}; '
+        '[ -f "$base" ] && continue; parts=$(for i in $(seq 0 $((n-1))); do echo "$base.split${i}of$n"; done); '
+        'ls $parts >/dev/null 2>&1 && cat $parts > "$base.tmp" && mv "$base.tmp" "$base"; done  # rebundle_dev.py')
+
+
+def patch_stage(stage: Path):
+    """prepare.sh's stage.sh gathers whole files: teach it, once, to join split parts after gathering."""
+    text = stage.read_text()
+    if JOIN in text:
+        return
+    anchor = next(line for line in text.splitlines() if line.startswith("for b in .dev/b"))
+    stage.chmod(0o755)
+    stage.write_text(text.replace(anchor, anchor + "\n" + JOIN, 1))
+    stage.chmod(0o555)
 
 
 if __name__ == "__main__":
