@@ -619,7 +619,7 @@ def test_the_queue_fires_the_first_build_not_done(tmp_path, capsys, monkeypatch)
         zoo.read_queue(queue)
     monkeypatch.chdir(Path(__file__).resolve().parents[1])
     assert zoo.read_queue(Path("recipes/135m/gpu-queue.txt"))[:5] == [
-        ("recipes/135m/la-gpu.yaml", []),
+        ("recipes/135m/la-gpu.yaml", []), ("recipes/135m/la-seed-gpu.yaml", []),
         ("recipes/135m/prose-layers-gpu.yaml", ["--mixers", "gated_deltanet,kda,deltanet"]),
         ("recipes/135m/prose-layers-gpu.yaml", ["--mixers", "gla,linear_attn,retnet"]),
         ("recipes/135m/speed-gpu.yaml", []), ("recipes/135m/zoo-gpu.yaml", ["--mixers", "gated_deltanet,deltanet"])]
