@@ -618,7 +618,7 @@ def test_the_queue_fires_the_first_build_not_done(tmp_path, capsys, monkeypatch)
     with pytest.raises(ValueError, match=r"queue.txt:1: 'no_such.yaml' is not a zoo file"):
         zoo.read_queue(queue)
     monkeypatch.chdir(Path(__file__).resolve().parents[1])
-    assert zoo.read_queue(Path("recipes/135m/gpu-queue.txt"))[:5] == [
+    assert zoo.read_queue(Path("recipes/135m/gpu-queue.txt"))[:6] == [
         ("recipes/135m/la-gpu.yaml", []), ("recipes/135m/la-seed-gpu.yaml", []),
         ("recipes/135m/prose-layers-gpu.yaml", ["--mixers", "gated_deltanet,kda,deltanet"]),
         ("recipes/135m/prose-layers-gpu.yaml", ["--mixers", "gla,linear_attn,retnet"]),
