@@ -18,6 +18,10 @@ The zoo file (YAML; an unknown key, mixer, command, eval or parent is a one-line
       instruct: {command: sft, parent: base, tokens: 20000, flags: [--dataset, embedded]}
       long:     {command: linearize, tokens: 90000, mixers: [MIXER, ...]}   # some mixers only (a variant with a
                                                                              # parent: the parent's, unless it says)
+      base2:    {command: linearize, tokens: 20000, flags: [--stage_fractions, "1", "0", "0"],
+                 per_mixer: {linear_attn: {tokens: 40000, flags: [--stage_fractions, "0.5", "0", "0.5"]}}}
+                                          # one mixer's row differs: its tokens, and its flags in place of the
+                                          # variant's same flags (others added)
     evals:                                # on every row and once on the teacher: <folder>/eval[/<sub>]
       - {eval: niah, flags: [--lengths, "256,512"]}
       - {eval: niah, sub: natural, flags: [--variant, natural, --lengths, "256,512"]}
@@ -82,7 +86,8 @@ def model_flags(eval_name: str, teacher: str, model: str) -> list[str]:
 OWNED = {"--teacher", "--mixer", "--model_name_or_path", "--total_tokens", "--output_dir", "--model", "--models",
          "--out", "--teacher_results"}
 TOP_KEYS = {"teacher", "mixers", "jobs", "variants", "evals", "estimate", "targets", "train_seconds"}
-VARIANT_KEYS, EVAL_KEYS = {"command", "parent", "tokens", "flags", "mixers"}, {"eval", "sub", "flags", "variants"}
+VARIANT_KEYS, EVAL_KEYS = {"command", "parent", "tokens", "flags", "mixers", "per_mixer"}, {"eval", "sub", "flags", "variants"}
+PER_MIXER_KEYS = {"tokens", "flags"}
 # command -> its flag that stops, saves and ends a run at a wall-clock deadline (the zoo's `train_seconds`); a
 # training that would start with less than MIN_TRAIN_SECONDS left does not start
 DEADLINE_FLAGS = {"linearize": "--max_wall_seconds"}
@@ -100,6 +105,15 @@ class Variant:
     tokens: int
     flags: list[str]
     mixers: list[str] | None = None  # the mixers that get it (None: every mixer of the zoo; unset: the parent's)
+    per_mixer: dict[str, dict] = field(default_factory=dict)  # mixer -> {tokens, flags}: that mixer's row differs
+
+    def tokens_for(self, mixer: str) -> int:
+        return self.per_mixer.get(mixer, {}).get("tokens", self.tokens)
+
+    def flags_for(self, mixer: str) -> list[str]:
+        """The variant's flags with the mixer's own (`per_mixer`): a flag given there replaces the variant's value(s)
+        of that flag, one not in the variant's is added."""
+        return merge_flags(self.flags, self.per_mixer.get(mixer, {}).get("flags", []))
 
 
 @dataclass
@@ -138,6 +152,26 @@ def _flags(value, where) -> list[str]:
         if w.split("=")[0] in OWNED:
             raise ValueError(f"{where}: {w.split('=')[0]} is the zoo's to set (it ties each row into the zoo)")
     return words
+
+
+def _flag_groups(words: list[str]) -> list[list[str]]:
+    """[--a, 1, 2, --b, x] -> [[--a, 1, 2], [--b, x]] (words before the first flag form a group of their own)."""
+    groups: list[list[str]] = []
+    for w in words:
+        if w.startswith("--") or not groups:
+            groups.append([w])
+        else:
+            groups[-1].append(w)
+    return groups
+
+
+def merge_flags(base: list[str], extra: list[str]) -> list[str]:
+    """`base` with each of `extra`'s flags (--name and its values, or --name=value) in place of base's same flag, and
+    the ones base lacks appended: one value per flag in the argv a row records and prints."""
+    name = lambda group: group[0].split("=")[0]  # noqa: E731
+    replace = {name(g): g for g in _flag_groups(extra)}
+    merged = [replace.pop(name(g), g) for g in _flag_groups(base)]
+    return [w for g in merged + list(replace.values()) for w in g]
 
 
 def _mapping(value, where, keys) -> dict:
@@ -206,8 +240,18 @@ def read_zoo(path) -> Zoo:
         if only is not None and (not isinstance(only, list) or not only or any(m not in mixers for m in only)):
             raise ValueError(f"{where}.mixers: give a list of the zoo's mixers ({', '.join(mixers)}): the mixers "
                              "that get this variant")
+        per_mixer = {}
+        if not isinstance(v.get("per_mixer") or {}, dict):
+            raise ValueError(f"{where}.per_mixer: give a mapping of mixer -> {{tokens, flags}}: that mixer's row differs")
+        for m, o in (v.get("per_mixer") or {}).items():
+            if m not in (only or mixers):
+                raise ValueError(f"{where}.per_mixer: {m!r}: not a mixer of this variant ({', '.join(only or mixers)})")
+            o = _mapping(o, f"{where}.per_mixer.{m}", PER_MIXER_KEYS)
+            per_mixer[m] = {"flags": _flags(o.get("flags"), f"{where}.per_mixer.{m}.flags")}
+            if "tokens" in o:
+                per_mixer[m]["tokens"] = _number(o["tokens"], f"{where}.per_mixer.{m}.tokens", integer=True)
         variants[name] = Variant(name, v["command"], parent, _number(v["tokens"], f"{where}.tokens", integer=True),
-                                 _flags(v.get("flags"), f"{where}.flags"), only)
+                                 _flags(v.get("flags"), f"{where}.flags"), only, per_mixer)
     ordered = {}  # parents first (the order of the plan), a loop or an unknown parent named
     while len(ordered) < len(variants):
         ready = [v for v in variants.values() if v.name not in ordered and (v.parent is None or v.parent in ordered)]
@@ -372,10 +416,11 @@ def plan(zoo: Zoo, out) -> list[Step]:
                 continue
             folder = out / mixer / v.name
             parent = out / mixer / v.parent if v.parent else None
-            argv = [v.command, *COMMANDS[v.command](zoo.teacher, mixer, str(parent)), "--total_tokens", str(v.tokens),
-                    *v.flags, "--output_dir", str(folder)]
+            tokens = v.tokens_for(mixer)
+            argv = [v.command, *COMMANDS[v.command](zoo.teacher, mixer, str(parent)), "--total_tokens", str(tokens),
+                    *v.flags_for(mixer), "--output_dir", str(folder)]
             step = Step(f"{mixer}/{v.name}", folder, mixer, v.name, f"{mixer}/{v.parent}" if v.parent else None,
-                        Command("train", argv, folder / LINEAGE_FILE, v.tokens, v.command))
+                        Command("train", argv, folder / LINEAGE_FILE, tokens, v.command))
             step.evals = eval_commands(zoo, str(folder), folder, teacher.folder / "eval", v.name)
             # --overwrite: the folder is the zoo's own, and sft's Trainer leaves its own README.md there
             step.card = Command("card", ["card", str(folder), "--overwrite"], folder / CARD_FILE)

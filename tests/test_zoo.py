@@ -390,6 +390,42 @@ def test_speed_is_measured_beside_the_teacher_in_each_students_row(tmp_path, cap
     assert "| 1.0 MiB (0.25) | 41.0 (0.82) | 0.80 |" in table[2] and table[1].endswith("| — | — | — |  |")
 
 
+
+def test_one_mixers_row_can_differ_by_its_tokens_and_flags(tmp_path, capsys):
+    """`per_mixer`: one mixer's row of a variant trains on other tokens, its flags in place of the variant's same flag
+    (one value each in the argv it prints and records), others added; its children are planned from it as usual."""
+    base = {"command": "linearize", "tokens": 6000, "flags": ["--window_size", 64, "--stage_fractions", 1, 0, 0],
+            "per_mixer": {"mamba2": {"tokens": 12000, "flags": ["--stage_fractions", 0.5, 0, 0.5, "--seed", 1]}}}
+    path = _three_variants(tmp_path, variants={"base": base, "instruct": {"command": "sft", "parent": "base",
+                                                                           "tokens": 3000}})
+    out = tmp_path / "runs"
+    steps = {s.name: s for s in zoo.plan(zoo.read_zoo(path), out)}
+    assert steps["gated_deltanet/base"].train.argv[5:] == ["--total_tokens", "6000", "--window_size", "64",
+                                                           "--stage_fractions", "1", "0", "0", "--output_dir",
+                                                           str(out / "gated_deltanet" / "base")]
+    assert steps["mamba2/base"].train.argv[5:] == ["--total_tokens", "12000", "--window_size", "64", "--stage_fractions",
+                                                   "0.5", "0", "0.5", "--seed", "1", "--output_dir", str(out / "mamba2" / "base")]
+    assert (steps["mamba2/base"].train.tokens, steps["gated_deltanet/base"].train.tokens) == (12000, 6000)
+    assert steps["mamba2/instruct"].train.argv[:3] == ["sft", "--model_name_or_path", str(out / "mamba2" / "base")]
+    # the plan prints it, and its time is the row's own tokens': 180 s, and 6000 more at 60 tok/s
+    assert zoo.main(["--config", str(path), "--out", str(out), "--dry-run"]) == 0
+    lines = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
+    assert [line[line.index("est.") + 1:][:2] for line in lines if line[2].endswith("/base")] == [["3", "min"],
+                                                                                                   ["5", "min"]]
+
+
+@pytest.mark.parametrize("per_mixer, words", [
+    ({"gla": {"tokens": 10}}, "variants.base.per_mixer: 'gla': not a mixer of this variant (gated_deltanet, mamba2)"),
+    ({"mamba2": {"lr": 1}}, "variants.base.per_mixer.mamba2.lr: unknown key"),
+    ({"mamba2": {"flags": ["--output_dir", "x"]}}, "variants.base.per_mixer.mamba2.flags: --output_dir is the zoo's"),
+    ([1], "variants.base.per_mixer: give a mapping of mixer -> {tokens, flags}"),
+])
+def test_a_bad_per_mixer_is_one_line_naming_the_key(tmp_path, per_mixer, words):
+    path = _three_variants(tmp_path, variants={"base": {"command": "linearize", "tokens": 10, "per_mixer": per_mixer}})
+    with pytest.raises(ValueError, match="^" + re.escape(str(path)) + ": ") as err:
+        zoo.read_zoo(path)
+    assert words in str(err.value) and "\n" not in str(err.value)
+
 # --- a bad zoo file: one line naming the key, before anything runs ----------------------------------------
 
 
