@@ -168,10 +168,16 @@ def _flag_groups(words: list[str]) -> list[list[str]]:
 def merge_flags(base: list[str], extra: list[str]) -> list[str]:
     """`base` with each of `extra`'s flags (--name and its values, or --name=value) in place of base's same flag, and
     the ones base lacks appended: one value per flag in the argv a row records and prints."""
-    name = lambda group: group[0].split("=")[0]  # noqa: E731
+    name = lambda group: group[0].split("=")[0].replace("-", "_")  # noqa: E731  (--a-b is --a_b to our parsers)
     replace = {name(g): g for g in _flag_groups(extra)}
-    merged = [replace.pop(name(g), g) for g in _flag_groups(base)]
-    return [w for g in merged + list(replace.values()) for w in g]
+    merged = []
+    for g in _flag_groups(base):  # the first of base's same flag takes extra's place; a repeat of it is dropped
+        if name(g) not in replace:
+            merged.append(g)
+        elif replace[name(g)] is not None:
+            merged.append(replace[name(g)])
+            replace[name(g)] = None
+    return [w for g in merged + [g for g in replace.values() if g is not None] for w in g]
 
 
 def _mapping(value, where, keys) -> dict:
@@ -241,11 +247,9 @@ def read_zoo(path) -> Zoo:
             raise ValueError(f"{where}.mixers: give a list of the zoo's mixers ({', '.join(mixers)}): the mixers "
                              "that get this variant")
         per_mixer = {}
-        if not isinstance(v.get("per_mixer") or {}, dict):
+        if v.get("per_mixer") is not None and not isinstance(v["per_mixer"], dict):
             raise ValueError(f"{where}.per_mixer: give a mapping of mixer -> {{tokens, flags}}: that mixer's row differs")
-        for m, o in (v.get("per_mixer") or {}).items():
-            if m not in (only or mixers):
-                raise ValueError(f"{where}.per_mixer: {m!r}: not a mixer of this variant ({', '.join(only or mixers)})")
+        for m, o in (v.get("per_mixer") or {}).items():  # its mixers are checked once a child has its parent's
             o = _mapping(o, f"{where}.per_mixer.{m}", PER_MIXER_KEYS)
             per_mixer[m] = {"flags": _flags(o.get("flags"), f"{where}.per_mixer.{m}.flags")}
             if "tokens" in o:
@@ -268,6 +272,10 @@ def read_zoo(path) -> Zoo:
         if lacking:
             raise ValueError(f"{at(f'variants.{v.name}.mixers')}: {', '.join(lacking)}: its parent {v.parent} is "
                              "not built for them (give the variant the parent's mixers or fewer)")
+        for m in v.per_mixer:
+            if m not in mixers_of(v, mixers):
+                raise ValueError(f"{at(f'variants.{v.name}.per_mixer')}: {m!r}: not a mixer of this variant "
+                                 f"({', '.join(mixers_of(v, mixers))})")
     evals = []
     for i, e in enumerate(raw.get("evals") or []):
         e = _mapping(e, at(f"evals[{i}]"), EVAL_KEYS)

@@ -91,9 +91,11 @@ def join(pool: Path):
             x.unlink()
 
 
-JOIN = ('for p in $S/pool/*.split0of*; do [ -f "$p" ] || continue; base=${p%.split0of*}; n=${p##*.split0of}; '
-        '[ -f "$base" ] && continue; parts=$(for i in $(seq 0 $((n-1))); do echo "$base.split${i}of$n"; done); '
-        'ls $parts >/dev/null 2>&1 && cat $parts > "$base.tmp" && mv "$base.tmp" "$base"; done  # rebundle_dev.py')
+JOIN = ('for _rb_p in $S/pool/*.split0of*; do [ -f "$_rb_p" ] || continue; _rb_base=${_rb_p%.split0of*}; '
+        '_rb_n=${_rb_p##*.split0of}; [ -f "$_rb_base" ] && continue; _rb_parts=(); for _rb_i in $(seq 0 $((_rb_n-1))); '
+        'do [ -f "$_rb_base.split${_rb_i}of$_rb_n" ] && _rb_parts+=("$_rb_base.split${_rb_i}of$_rb_n"); done; '
+        '[ "${#_rb_parts[@]}" = "$_rb_n" ] && cat "${_rb_parts[@]}" > "$_rb_base.tmp" && mv "$_rb_base.tmp" "$_rb_base"; '
+        'done; unset _rb_p _rb_base _rb_n _rb_parts _rb_i  # rebundle_dev.py')
 
 
 def patch_stage(stage: Path):
@@ -101,7 +103,11 @@ def patch_stage(stage: Path):
     text = stage.read_text()
     if JOIN in text:
         return
-    anchor = next(line for line in text.splitlines() if line.startswith("for b in .dev/b"))
+    text = "".join(line for line in text.splitlines(keepends=True) if not line.rstrip().endswith("# rebundle_dev.py"))
+    anchor = next((line for line in text.splitlines() if line.startswith("for b in .dev/b")), None)
+    if anchor is None:
+        sys.exit(f"rebundle_dev: {stage} has no `for b in .dev/b...` line to join split files after: run "
+                 "`bash ../shared/device/prepare.sh` again (the split files are in the bundles)")
     stage.chmod(0o755)
     stage.write_text(text.replace(anchor, anchor + "\n" + JOIN, 1))
     stage.chmod(0o555)

@@ -390,7 +390,6 @@ def test_speed_is_measured_beside_the_teacher_in_each_students_row(tmp_path, cap
     assert "| 1.0 MiB (0.25) | 41.0 (0.82) | 0.80 |" in table[2] and table[1].endswith("| — | — | — |  |")
 
 
-
 def test_one_mixers_row_can_differ_by_its_tokens_and_flags(tmp_path, capsys):
     """`per_mixer`: one mixer's row of a variant trains on other tokens, its flags in place of the variant's same flag
     (one value each in the argv it prints and records), others added; its children are planned from it as usual."""
@@ -406,6 +405,8 @@ def test_one_mixers_row_can_differ_by_its_tokens_and_flags(tmp_path, capsys):
     assert steps["mamba2/base"].train.argv[5:] == ["--total_tokens", "12000", "--window_size", "64", "--stage_fractions",
                                                    "0.5", "0", "0.5", "--seed", "1", "--output_dir", str(out / "mamba2" / "base")]
     assert (steps["mamba2/base"].train.tokens, steps["gated_deltanet/base"].train.tokens) == (12000, 6000)
+    assert zoo.merge_flags(["--a", "1", "--b", "2", "--a", "3"], ["--a", "4"]) == ["--a", "4", "--b", "2"]  # argparse:
+    assert zoo.merge_flags(["--x-y", "1", "--z=2"], ["--x_y", "5", "--z=3"]) == ["--x_y", "5", "--z=3"]  # last wins
     assert steps["mamba2/instruct"].train.argv[:3] == ["sft", "--model_name_or_path", str(out / "mamba2" / "base")]
     # the plan prints it, and its time is the row's own tokens': 180 s, and 6000 more at 60 tok/s
     assert zoo.main(["--config", str(path), "--out", str(out), "--dry-run"]) == 0
@@ -419,12 +420,21 @@ def test_one_mixers_row_can_differ_by_its_tokens_and_flags(tmp_path, capsys):
     ({"mamba2": {"lr": 1}}, "variants.base.per_mixer.mamba2.lr: unknown key"),
     ({"mamba2": {"flags": ["--output_dir", "x"]}}, "variants.base.per_mixer.mamba2.flags: --output_dir is the zoo's"),
     ([1], "variants.base.per_mixer: give a mapping of mixer -> {tokens, flags}"),
+    ([], "variants.base.per_mixer: give a mapping of mixer -> {tokens, flags}"),
 ])
 def test_a_bad_per_mixer_is_one_line_naming_the_key(tmp_path, per_mixer, words):
     path = _three_variants(tmp_path, variants={"base": {"command": "linearize", "tokens": 10, "per_mixer": per_mixer}})
     with pytest.raises(ValueError, match="^" + re.escape(str(path)) + ": ") as err:
         zoo.read_zoo(path)
     assert words in str(err.value) and "\n" not in str(err.value)
+    # a child's mixers are its parent's unless it says: per_mixer is checked against those
+    path = _three_variants(tmp_path, variants={
+        "base": {"command": "linearize", "tokens": 10, "mixers": ["mamba2"]},
+        "instruct": {"command": "sft", "parent": "base", "tokens": 10, "per_mixer": {"gated_deltanet": {"tokens": 5}}}})
+    with pytest.raises(ValueError, match=r"variants.instruct.per_mixer: 'gated_deltanet': not a mixer of this variant "
+                                         r"\(mamba2\)"):
+        zoo.read_zoo(path)
+
 
 # --- a bad zoo file: one line naming the key, before anything runs ----------------------------------------
 
