@@ -379,6 +379,7 @@ class Step:
     train: Command | None = None
     evals: list[Command] = field(default_factory=list)
     card: Command | None = None
+    out: Path | None = None  # the zoo's folder as given (the prefix of the paths in its commands)
 
     @property
     def log(self) -> Path:
@@ -415,7 +416,7 @@ def eval_commands(zoo: Zoo, model: str, folder: Path, teacher_eval: Path | None,
 def plan(zoo: Zoo, out) -> list[Step]:
     """The teacher's evals, then every mixer's variants, parents first: the order steps start in."""
     out = Path(out)
-    teacher = Step("teacher", out / "teacher")
+    teacher = Step("teacher", out / "teacher", out=out)
     teacher.evals = eval_commands(zoo, zoo.teacher, teacher.folder, None)
     steps = [teacher]
     for mixer in zoo.mixers:
@@ -428,7 +429,7 @@ def plan(zoo: Zoo, out) -> list[Step]:
             argv = [v.command, *COMMANDS[v.command](zoo.teacher, mixer, str(parent)), "--total_tokens", str(tokens),
                     *v.flags_for(mixer), "--output_dir", str(folder)]
             step = Step(f"{mixer}/{v.name}", folder, mixer, v.name, f"{mixer}/{v.parent}" if v.parent else None,
-                        Command("train", argv, folder / LINEAGE_FILE, tokens, v.command))
+                        Command("train", argv, folder / LINEAGE_FILE, tokens, v.command), out=out)
             step.evals = eval_commands(zoo, str(folder), folder, teacher.folder / "eval", v.name)
             # --overwrite: the folder is the zoo's own, and sft's Trainer leaves its own README.md there
             step.card = Command("card", ["card", str(folder), "--overwrite"], folder / CARD_FILE)
@@ -445,11 +446,32 @@ def read_state(out) -> dict:
     return state if isinstance(state.get("steps"), dict) else {"schema": "linzoo.zoo_state/v1", "steps": {}}
 
 
+def _where(out) -> dict:
+    """What a record keeps to read its paths from another folder: the zoo's folder as given, and the cwd."""
+    return {"out": str(out), "cwd": os.getcwd()}
+
+
+def _absolute(argv: list[str], out: str, cwd: str) -> list[str]:
+    """argv with the zoo's folder `out` (as its commands spell it) made absolute from `cwd`."""
+    root = os.path.normpath(os.path.join(cwd, out))
+    return [root + w[len(out):] if w == out or w.startswith(out.rstrip("/") + "/") else w for w in argv]
+
+
+def same_command(record: dict, step: Step, cmd: Command) -> bool:
+    """Whether a state record is `cmd`'s command line: the same words, or the same once the zoo's folder is made
+    absolute on both sides (a build run as `--out runs/zoo` from its clone, read as `--out /abs/runs/zoo` elsewhere)."""
+    if record["argv"] == cmd.argv:
+        return True
+    if not (record.get("out") and record.get("cwd") and step.out is not None):
+        return False
+    return _absolute(record["argv"], record["out"], record["cwd"]) == _absolute(cmd.argv, str(step.out), os.getcwd())
+
+
 def is_done(step: Step, cmd: Command, state: dict) -> bool:
     """Whether `cmd` need not run: its output is there (an eval's, measured on the folder's present weights) and
     zoo_state.json records no other command line for it."""
     record = state["steps"].get(step.name, {}).get(cmd.label)
-    if not cmd.output.is_file() or (record is not None and record["argv"] != cmd.argv):
+    if not cmd.output.is_file() or (record is not None and not same_command(record, step, cmd)):
         return False
     if cmd.label == "card":  # a README.md may be the Trainer's: the card is done where this build wrote it
         return record is not None and record["rc"] == 0
@@ -476,7 +498,7 @@ def replaced_rows(steps: list[Step], state: dict) -> list[tuple[Step, str]]:
             continue
         record = state["steps"].get(step.name, {}).get("train")
         parent_record = state["steps"].get(step.parent, {}).get("train") if step.parent else None
-        if record is not None and record["argv"] != step.train.argv:
+        if record is not None and not same_command(record, step, step.train):
             found[step.name] = (step, f"its training command changed in the zoo file "
                                       f"({argv_change(record['argv'], step.train.argv)})")
         elif step.parent in found:
@@ -641,17 +663,17 @@ class Build:
             tokens = trained_tokens(cmd.output) or tokens
         self.state["steps"].setdefault(step.name, {})[cmd.label] = {
             "label": cmd.label, "argv": cmd.argv, "rc": rc, "seconds": round(seconds, 1), "tokens": tokens,
-            "command": cmd.command, "ended": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "command": cmd.command, "ended": time.strftime("%Y-%m-%d %H:%M:%S"), **_where(self.out)}
         self.save_state()
 
     def note_start(self, step: Step, cmd: Command):
         """Records a training's command line as it starts (rc None until it ends), so that a row killed mid-training
         whose command then changes in the zoo file is named by `replaced_rows`, not left to the trainer's refusal."""
         record = self.state["steps"].setdefault(step.name, {}).get(cmd.label)
-        if record is None or record["argv"] != cmd.argv:
+        if record is None or not same_command(record, step, cmd):
             self.state["steps"][step.name][cmd.label] = {
                 "label": cmd.label, "argv": cmd.argv, "rc": None, "tokens": cmd.tokens, "command": cmd.command,
-                "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+                "started": time.strftime("%Y-%m-%d %H:%M:%S"), **_where(self.out)}
             self.save_state()
 
     def train_deadline(self, cmd: Command) -> list[str] | None:

@@ -415,6 +415,32 @@ def test_one_mixers_row_can_differ_by_its_tokens_and_flags(tmp_path, capsys):
                                                                                                    ["5", "min"]]
 
 
+
+def test_a_build_read_from_another_folder_is_the_same_build(tmp_path, monkeypatch):
+    """A build run as `--out runs/zoo` from its clone records command lines with that relative folder; read from
+    elsewhere as `--out /abs/clone/runs/zoo` (scripts/zoo_results.py, `--report-only`), its rows are still done: each
+    record keeps the folder as given and the cwd, and the comparison makes the zoo's folder absolute on both sides."""
+    config = zoo.read_zoo(_three_variants(tmp_path))
+    clone, elsewhere = tmp_path / "clone", tmp_path / "elsewhere"
+    (clone / "runs" / "zoo").mkdir(parents=True)
+    elsewhere.mkdir()
+    monkeypatch.chdir(clone)
+    step = zoo.plan(config, "runs/zoo")[2]  # gated_deltanet/instruct: its argv names its parent's folder too
+    step.train.output.parent.mkdir(parents=True)
+    step.train.output.write_text("{}")
+    record = {"label": "train", "argv": step.train.argv, "rc": 0, "out": "runs/zoo", "cwd": str(clone)}
+    state = {"steps": {step.name: {"train": record}}}
+    assert zoo.is_done(step, step.train, state)
+    monkeypatch.chdir(elsewhere)
+    there = zoo.plan(config, clone / "runs" / "zoo")[2]
+    assert there.train.argv != record["argv"] and zoo.is_done(there, there.train, state)
+    assert not zoo.replaced_rows(zoo.plan(config, clone / "runs" / "zoo"), state)
+    # a record of another command line is not done; nor is one from before records kept their folder
+    assert not zoo.is_done(there, there.train, {"steps": {step.name: {"train": record | {
+        "argv": [w.replace("3000", "4000") for w in record["argv"]]}}}})
+    old = {k: v for k, v in record.items() if k not in ("out", "cwd")}
+    assert not zoo.is_done(there, there.train, {"steps": {step.name: {"train": old}}})
+
 @pytest.mark.parametrize("per_mixer, words", [
     ({"gla": {"tokens": 10}}, "variants.base.per_mixer: 'gla': not a mixer of this variant (gated_deltanet, mamba2)"),
     ({"mamba2": {"lr": 1}}, "variants.base.per_mixer.mamba2.lr: unknown key"),
