@@ -39,15 +39,15 @@ def main():
         b.rmdir()
     join(pool)
     shared = [pool / n for n in SHARED if (pool / n).exists()]
-    files = sorted((f for f in pool.iterdir() if f.name not in SHARED), key=lambda f: -f.stat().st_size)
+    pooled = lambda: sorted((f for f in pool.iterdir() if f.name not in SHARED), key=lambda f: -f.stat().st_size)  # noqa: E731
     room -= sum(f.stat().st_size for f in shared)
     if room < 2**20:
         sys.exit(f"rebundle_dev: the {tracked / 2**20:.1f} MiB of tracked files leave no room in a call's 64 MiB: "
                  f"make the checkout smaller (files are in {pool})")
-    for f in [f for f in files if f.stat().st_size > room // 2]:  # halves pack badly: split into thirds of a call
+    for f in [f for f in pooled() if f.stat().st_size > room // 2]:  # halves pack badly: split into thirds of a call
         split(f, room // 3)
     patch_stage(dev / "stage.sh")
-    files = sorted((f for f in pool.iterdir() if f.name not in SHARED), key=lambda f: -f.stat().st_size)
+    files = pooled()
     bins: list[list[Path]] = []
     for f in files:
         for b in bins:
