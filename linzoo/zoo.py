@@ -19,7 +19,7 @@ The zoo file (YAML; an unknown key, mixer, command, eval or parent is a one-line
       long:     {command: linearize, tokens: 90000, mixers: [MIXER, ...]}   # some mixers only (a variant with a
                                                                              # parent: the parent's, unless it says)
       base2:    {command: linearize, tokens: 20000, flags: [--stage_fractions, "1", "0", "0"],
-                 per_mixer: {linear_attn: {tokens: 40000, flags: [--stage_fractions, "0.5", "0", "0.5"]}}}
+                 per_mixer: {MIXER: {tokens: 40000, flags: [--stage_fractions, "0.5", "0", "0.5"]}}}
                                           # one mixer's row differs: its tokens, and its flags in place of the
                                           # variant's same flags (others added)
     evals:                                # on every row and once on the teacher: <folder>/eval[/<sub>]
