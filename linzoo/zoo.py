@@ -749,18 +749,19 @@ class Build:
     def stop_all(self):
         """Stops what runs (a deadline, an interrupt). A stopped command is no result, but the time it ran is part of
         the build's: zoo_state.json's "stopped" keeps it (scripts/zoo_results.py counts it)."""
-        now, ended = time.time(), time.strftime("%Y-%m-%d %H:%M:%S")
-        stopped = [{"step": task["step"].name, "label": task["commands"][i].label, "seconds": round(now - began, 1),
-                    "ended": ended} for task, i, _, began, _ in self.running.values()]
         for task, _, proc, _, log in self.running.values():
             proc.terminate()
-        for task, _, proc, _, log in self.running.values():
+        stopped = []
+        for task, i, proc, began, log in self.running.values():
             try:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
             log.close()
+            # stamped once it has exited: the seconds it took to stop are the build's too
+            stopped.append({"step": task["step"].name, "label": task["commands"][i].label,
+                            "seconds": round(time.time() - began, 1), "ended": time.strftime("%Y-%m-%d %H:%M:%S")})
         self.running.clear()
         if stopped:
             self.state.setdefault("stopped", []).extend(stopped)
