@@ -197,7 +197,8 @@ def build_haystack(tokenizer, filler_texts: list[str] | None, context_len: int, 
         haystack = "\n".join(p for p in (pre, needle.sentence, post) if p)
         start = len(pre) + 1 if pre else 0
         prompt = format_prompt(tokenizer, haystack, needle.question, spec.prompt_format, needle.answer_prefix)
-        n_tokens = len(tokenizer(prompt, **_encode_kwargs(spec.prompt_format))["input_ids"])
+        # only counted (a filler that overshoots is cut): no warning that the count exceeds the model's length
+        n_tokens = len(tokenizer(prompt, verbose=False, **_encode_kwargs(spec.prompt_format))["input_ids"])
         return haystack, (start, start + len(needle.sentence)), prompt, n_tokens
 
     min_chars = 6 * context_len

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's main job: linearize the embedded SmolLM2-135M-Instruct into a Gated DeltaNet student on a
-# CPU-sized budget, then a short NIAH + quality report (36 min on 2 CPU cores beside a zoo build). Output: runs/main/.
+# CPU-sized budget, then a short NIAH + quality report (~8 min on 2 idle CPU cores, set-up included). Output: runs/main/.
 # For a real run use the GPU command in the README (tens of millions of tokens).
 set -euo pipefail
 OUT=${OUT:-runs/main}
