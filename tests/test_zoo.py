@@ -725,3 +725,19 @@ def test_zoo_results_counts_a_resumed_build_by_its_segments():
     state["stopped"] = [{"step": "a/instruct", "label": "train", "seconds": 1200, "ended": "2026-12-07 02:40:00"}]
     assert [round(b - a) for a, b in segments(state, gap=120)] == [1500, 1200, 1800]
     assert [round(b - a) for a, b in segments(state, gap=900)] == [3000, 1800]
+
+
+def test_the_main_job_trains_the_zoo_files_gated_deltanet_base_row(tmp_path):
+    """scripts/main_job.sh's `linzoo linearize` is the CPU zoo's gated_deltanet/base row, flag for flag (order aside):
+    the README's main job shows the zoo's recipe, and a change to one that misses the other fails here."""
+    import shlex
+
+    root = Path(__file__).resolve().parents[1]
+    script = (root / "scripts" / "main_job.sh").read_text().replace("\\\n", " ")
+    line = next(ln for ln in script.splitlines() if ln.startswith("linzoo linearize "))
+    words = shlex.split(line.replace('"${TOKENS:-20000}"', "20000").replace('"$OUT"', "OUT"))[2:]
+    config = zoo.read_zoo(root / "recipes" / "135m" / "zoo-cpu.yaml")
+    row = next(s for s in zoo.plan(config, tmp_path / "runs") if s.name == "gated_deltanet/base")
+    groups = lambda argv: sorted(g for g in zoo._flag_groups(argv) if g[0] != "--output_dir")  # noqa: E731
+    assert groups(words) == groups(row.train.argv[1:])
+    assert row.train.argv[0] == "linearize"
