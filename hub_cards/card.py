@@ -6,7 +6,8 @@
 The front matter is `ModelCardData` (its model-index from the results files of every registered eval in
 <folder>/eval/, `linzoo.evals.registry`); the body is `template.md` with each eval's section in its "Results". Lineage, recipe and token counts come from
 config.json, linzoo_training.json and trainer_state.json when present. Anything not measured reads
-"not measured".
+"not measured". Which results files and figures it shows is `files.decide_files`' decision, the one `linzoo push`
+uploads by. A folder that linzoo's loaders refuse gets no card.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ from pathlib import Path
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from linzoo.arguments import ArgumentParser
-from linzoo.evals.common import EVAL_DIR, weights_sha256
-from linzoo.evals.registry import all_evals
+from linzoo.evals.common import EVAL_DIR
+from linzoo.evals.registry import all_evals, get_eval
 from linzoo.formatting import NOT_MEASURED, format_bytes, measured
-from linzoo.integrity import check_finite_folder
+from linzoo.loading import load_model
 from linzoo.modeling.configuration_linzoo import state_sizes
 from linzoo.modeling.mixers import MIXER_CLASSES
+
+from .files import FileDecision, decide_files, read_json, released_folder, results_path
 
 TEMPLATE = Path(__file__).with_name("template.md")
 STAGES = ("base", "instruct", "instruct-distilled")
@@ -33,44 +36,24 @@ STATE_AT_TOKENS = 4096  # context at which the card compares the fixed state wit
 
 
 
-def read_json(path: Path, schema: str | None = None) -> dict | None:
-    """The file's JSON, None when it does not exist; a ValueError when it is not the expected schema."""
-    if not path.is_file():
-        return None
-    data = json.loads(path.read_text())
-    if schema and data.get("schema") != schema:
-        raise ValueError(f"{path} has schema {data.get('schema')!r}, expected {schema!r}")
-    return data
-
-
 def matching_results(folder) -> tuple[dict, list[str]]:
-    """({key: its results dict from <folder>/eval/, or None}, [why each file found there was left out]), for every
-    registered eval: the key is its name for <folder>/eval/<results file> (present for every eval, None where not run),
-    and "<name>/<sub>" for each <folder>/eval/<sub>/<results file> (a zoo's second run of an eval, e.g. NIAH's
-    natural variant in eval/natural). A results file counts only where the weights it measured are the folder's own:
-    its `weights_sha256` equals theirs (another model's results, `--out` pointed at the wrong folder, or weights
-    changed since, are left out; so are files from before linzoo recorded the hash)."""
-    folder = Path(folder)
-    ours, results, left_out = weights_sha256(str(folder)), {}, []
-    subs = sorted(p.name for p in (folder / EVAL_DIR).iterdir() if p.is_dir()) if (folder / EVAL_DIR).is_dir() else []
+    """`results_in(decide_files(folder))`."""
+    return results_in(decide_files(folder))
+
+
+def results_in(decided: list[FileDecision]) -> tuple[dict, list[str]]:
+    """({key: its results dict, or None}, [why each results file found was left out]) of a folder's file decisions
+    (`decide_files`), for every registered eval: the key is its name for eval/<results file> (present for every eval,
+    None where not run or left out), and "<name>/<sub>" for each eval/<sub>/<results file> (a zoo's second run of an
+    eval, e.g. NIAH's natural variant in eval/natural)."""
+    of_results = {d.path: d for d in decided if d.eval and d.path == results_path(get_eval(d.eval), d.sub)}
+    results = {}
     for spec in all_evals():
-        for sub in ("", *subs):
-            if sub and not (folder / EVAL_DIR / sub / spec.result_file).is_file():
-                continue
-            where = f"{EVAL_DIR}/{sub}/{spec.result_file}" if sub else f"{EVAL_DIR}/{spec.result_file}"
-            data = read_json(folder / where, spec.schema)
-            if data is not None and data.get("quantize", "none") != "none":
-                left_out.append(f"{where} left out: it measured the model quantized to {data['quantize']} "
-                                "(--quantize), not these weights as they are")
-                data = None
-            if data is not None and data.get("weights_sha256") != ours:
-                theirs = data.get("weights_sha256")
-                why = ("it records no weights hash (made before linzoo recorded one): run the eval again"
-                       if theirs is None else f"it measured {data.get('model')!r}, whose weights are not this folder's")
-                left_out.append(f"{where} left out: {why}")
-                data = None
-            results[f"{spec.name}/{sub}" if sub else spec.name] = data
-    return results, left_out
+        top = of_results.get(results_path(spec, ""))
+        results[spec.name] = top and top.results
+        for d in sorted((d for d in of_results.values() if d.eval == spec.name and d.sub), key=lambda d: d.sub):
+            results[f"{spec.name}/{d.sub}"] = d.results
+    return results, [f"{d.path} left out: {d.why}" for d in of_results.values() if not d.included]
 
 
 def results_of(spec, results: dict) -> list[tuple[str, dict | None]]:
@@ -134,6 +117,11 @@ def default_base_model(info: dict) -> str | None:
     return info["teacher"] if info["stage"] == "base" else info["parent"] or info["teacher"]
 
 
+def hub_base_model(name: str | None) -> str | None:
+    """The card's base_model: `name` where it is a Hub id; a local path is none."""
+    return name if is_hub_id(name) else None
+
+
 def _training_rows(info: dict) -> dict:
     training, state = info["training"], info["trainer_state"]
     skip = {"stage", "parent", "teacher", "tokens", "stages", "final_losses", "dataset", "recipe", "first_loss",
@@ -171,14 +159,15 @@ def _params(folder: Path) -> int | None:
 def build_card(folder, repo_id: str | None = None, base_model: str | None = None) -> ModelCard:
     """The model card of `folder`. `base_model` overrides the recorded teacher/parent (use a Hub id)."""
     folder = Path(folder)
-    check_finite_folder(folder)  # a card never describes a NaN run's weights
     info = checkpoint_info(folder)
     config, stage, mixer = info["config"], info["stage"], info["config"].get("mixer")
     if mixer not in MIXER_CLASSES:
         raise ValueError(f"{folder}/config.json has mixer {mixer!r}; a linzoo student has one of {list(MIXER_CLASSES)}")
-    results = read_results(folder)
-    base_model = base_model or default_base_model(info)
-    base_model = base_model if is_hub_id(base_model) else None  # a local path is no Hub base model
+    load_model(str(folder))  # a card describes only what loads: refused in the loader's words (a changed file, a
+    # config.json its weights disagree with, non-finite weights or logits)
+    decided = decide_files(folder)
+    results, _ = results_in(decided)
+    base_model = hub_base_model(base_model or default_base_model(info))
     dataset = info["training"].get("dataset")
     name = repo_id or folder.resolve().name
     data = ModelCardData(
@@ -193,6 +182,9 @@ def build_card(folder, repo_id: str | None = None, base_model: str | None = None
         eval_results=eval_results(results) or None,
     )
     size = state_sizes(config, STATE_AT_TOKENS)
+    with released_folder(folder, decided) as released:  # where the sections find their figures: the released ones
+        sections = [spec.card_section(data, released, sub) for spec in all_evals()
+                    for sub, data in results_of(spec, results)]
     return ModelCard.from_template(
         data,
         template_path=str(TEMPLATE),
@@ -215,8 +207,7 @@ def build_card(folder, repo_id: str | None = None, base_model: str | None = None
         teacher_kv=format_bytes(size.teacher_kv),
         state_tokens=STATE_AT_TOKENS,
         **_training_rows(info),
-        eval_sections=[spec.card_section(data, folder, sub) for spec in all_evals()
-                       for sub, data in results_of(spec, results)],
+        eval_sections=sections,
         not_measured=NOT_MEASURED,
         not_recorded="not recorded",
     )
@@ -241,8 +232,9 @@ def main(argv: list[str] | None = None) -> int:
         raise ValueError(f"{path} is not a card linzoo wrote (no 'linzoo' tag): move it aside, or pass --overwrite "
                          "to replace it")
     card = build_card(args.folder, args.repo_id, args.base_model)
-    for line in matching_results(args.folder)[1]:
-        print(f"linzoo: {line}")
+    for d in decide_files(args.folder):
+        if not d.included and (d.eval or d.path.startswith(f"{EVAL_DIR}/")):
+            print(f"linzoo: {d.path} left out: {d.why}")
     card.save(path)
     if card.data.base_model:
         base = card.data.base_model

@@ -29,11 +29,11 @@ from linzoo.evals.common import EVAL_DIR, NOT_MEASURED
 from linzoo.evals.registry import all_evals
 from linzoo.integrity import LINEAGE_FILE, recorded_digests, verify_folder
 
-from .card import (build_card, checkpoint_info, default_base_model, eval_key, eval_results, matching_results, results_of,
-                   read_json)
+from .card import (build_card, checkpoint_info, default_base_model, eval_key, eval_results, hub_base_model,
+                   matching_results, results_of)
+from .files import FileDecision, decide_files, read_json
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib")
-UPLOAD_SUBFOLDERS = (EVAL_DIR,)  # travel with the weights; stage checkpoints and the like stay home
 LOGIN_HOW = "log in once with `hf auth login` (or set the HF_TOKEN environment variable to a token with write access)"
 LOGIN_HELP = f"No Hugging Face token found: {LOGIN_HOW}, then run the command again."
 SPACE_WHEEL_LINE = re.compile(r"\./linzoo-\S+\.whl")  # the requirements.txt line plan_space points at the wheel
@@ -66,7 +66,7 @@ class RepoPlan:
     front_matter: str
     private: bool = False
     revision: str | None = None
-    skipped: list[str] = field(default_factory=list)
+    left_out: list[FileDecision] = field(default_factory=list)  # of the source folder, with why (`decide_files`)
     checks: list[Check] = field(default_factory=list)
     variables: dict[str, str] = field(default_factory=dict)  # Space variables
     notes: list[str] = field(default_factory=list)
@@ -92,8 +92,9 @@ class RepoPlan:
                  f"  from {self.source}", f"  files ({len(self.files)}, {total:,} bytes):"]
         lines += [f"    {self.size(c):>13,}  {path}{'  (generated)' if isinstance(c, bytes) else ''}"
                   for path, c in self.files]
-        if self.skipped:
-            lines.append(f"  not uploaded: {', '.join(self.skipped)}")
+        if self.left_out:
+            lines.append(f"  not uploaded: {', '.join(d.path for d in self.left_out)}")
+            lines += [f"    {d.path}: {d.why}" for d in self.left_out]
         lines += [f"  variable {key}={value}" for key, value in self.variables.items()]
         lines.append("  card front matter:")
         lines += [f"    {line}" for line in self.front_matter.strip().splitlines()]
@@ -104,38 +105,13 @@ class RepoPlan:
         return "\n".join(lines)
 
 
-def upload_files(folder: Path) -> tuple[list[tuple[str, Path]], list[str]]:
-    """(files to upload, what is left out): top-level files and the eval/ folder; no hidden files, no README.md
-    (the card is generated), no run arguments, no other subfolders (stage checkpoints, optimizer states)."""
-    from linzoo.trainers.common import RUN_FILE
-
-    files, skipped = [], []
-    root = folder.resolve()
-    for path in sorted(folder.iterdir()):
-        if path.name.startswith(".") or path.name == "README.md":
-            continue
-        _inside(path, root)
-        if path.name == RUN_FILE:  # the command line of a local run (this machine's paths); the card has the recipe
-            skipped.append(path.name)
-            continue
-        if path.is_dir():
-            if path.name in UPLOAD_SUBFOLDERS:
-                files += [(p.relative_to(folder).as_posix(), p) for p in sorted(path.rglob("*"))
-                          if p.is_file() and not p.name.startswith(".") and _inside(p, root)]
-            else:
-                skipped.append(f"{path.name}/")
-        else:
-            files.append((path.name, path))
-    return files, skipped
-
-
-def _inside(path: Path, root: Path) -> bool:
-    """True, or a ReleaseError where `path` is a link whose target lies outside the folder `root` (a token file, a
-    key): uploading it would publish that file."""
-    if path.is_symlink() and not path.resolve().is_relative_to(root):
-        raise ReleaseError(f"{path} is a link to {path.resolve()}, outside {root}: it would upload that file; copy "
-                           "what belongs to the model into the folder, or remove the link")
-    return True
+def upload_files(folder: Path) -> tuple[list[tuple[str, Path]], list[FileDecision]]:
+    """(files to upload, those left out): `decide_files`' decision, the one the card shows by."""
+    try:
+        decided = decide_files(folder)
+    except ValueError as err:  # a link out of the folder, a results file of another schema
+        raise ReleaseError(str(err)) from None
+    return [(d.path, folder / d.path) for d in decided if d.included], [d for d in decided if not d.included]
 
 
 def check_repo_id(repo_id: str) -> None:
@@ -195,14 +171,13 @@ def check_code(folder: Path) -> Check:
 
 
 _LOAD = """
-import json, sys, torch
+import json, sys
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from linzoo.integrity import unusable_model
 model = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True).eval()
 tokenizer = AutoTokenizer.from_pretrained(sys.argv[1], trust_remote_code=True)
-with torch.no_grad():
-    logits = model(**tokenizer("The pass key is", return_tensors="pt")).logits
 print("LOADED", json.dumps({"module": type(model).__module__, "cls": type(model).__name__,
-                  "mixer": getattr(model.config, "mixer", None), "finite": bool(torch.isfinite(logits).all()),
+                  "mixer": getattr(model.config, "mixer", None), "unusable": unusable_model(model),
                   "params": sum(p.numel() for p in model.parameters())}))
 """
 
@@ -225,15 +200,18 @@ def check_loads(folder: Path, timeout: int = 900) -> Check:
         return Check(name, False, error)
     got = json.loads(run.stdout.rsplit("LOADED", 1)[1])
     remote = got["module"].startswith("transformers_modules")  # the folder's own code, not an installed package
-    ok = remote and got["finite"]
+    ok = remote and not got["unusable"]
     detail = f"{got['cls']} ({got['mixer']}), {got['params']:,} parameters"
     detail += "" if remote else f"; loaded from {got['module']}, not the folder's remote code"
-    return Check(name, ok, detail + ("" if got["finite"] else "; logits are not finite"))
+    return Check(name, ok, detail + (f"; {got['unusable']}" if got["unusable"] else ""))
+
+
+CARD_CHECK = "card numbers equal the results files"
 
 
 def check_card(folder: Path, card: ModelCard) -> Check:
     """The card's model-index, parsed back from its YAML, equals the numbers in the results files."""
-    name = "card numbers equal the results files"
+    name = CARD_CHECK
     results, left_out = matching_results(folder)
     expected = {eval_key(r): r.metric_value for r in eval_results(results)}
     got = {eval_key(r): r.metric_value for r in ModelCard(str(card)).data.eval_results or []}
@@ -249,31 +227,37 @@ def check_card(folder: Path, card: ModelCard) -> Check:
 
 def plan_checkpoint(folder, repo_id: str, private: bool = False, revision: str | None = None,
                     base_model: str | None = None, load_check: bool = True) -> RepoPlan:
-    """The plan of one model repo: its files, the generated card and the three checks."""
+    """The plan of one model repo: its files (`decide_files`' decision), the generated card and the checks. A folder
+    whose files are not as its run saved them gets no card (`build_card` loads it as linzoo's loaders do): its plan
+    says which file, in the failed check."""
     check_repo_id(repo_id)
     folder = Path(folder)
     if not (folder / "config.json").is_file():
         raise ReleaseError(f"{folder} is not a model folder (no config.json).")
-    try:
-        card = build_card(folder, repo_id, base_model)
-    except ValueError as err:
-        raise ReleaseError(str(err)) from err
-    files, skipped = upload_files(folder)
-    files.append(("README.md", str(card).encode()))
-    info = checkpoint_info(folder)
-    checks = [check_weights(files), check_intact(folder), check_card(folder, card)]
-    recorded = base_model or default_base_model(info)
-    checks.append(Check("base_model is a Hub id", bool(card.data.base_model),
-                        card.data.base_model or f"{recorded!r} is not a Hub id: pass --base-model ORG/NAME"))
+    intact, card = check_intact(folder), None
+    if intact.ok:
+        try:
+            card = build_card(folder, repo_id, base_model)
+        except (ValueError, FileNotFoundError) as err:
+            raise ReleaseError(str(err)) from err
+    files, left_out = upload_files(folder)
+    files += [("README.md", str(card).encode())] if card else []
+    recorded = base_model or default_base_model(checkpoint_info(folder))
+    base = hub_base_model(recorded)
+    checks = [check_weights(files), intact,
+              check_card(folder, card) if card else Check(CARD_CHECK, False, "not run: no card of a folder whose "
+                                                                             "files are not as saved"),
+              Check("base_model is a Hub id", bool(base), base or f"{recorded!r} is not a Hub id: pass --base-model "
+                                                                  "ORG/NAME")]
     code = check_code(folder)
     if load_check:  # the folder's Python runs only when it is linzoo's own
         checks.insert(0, check_loads(folder) if code.ok else Check(LOAD_CHECK, False, "not run: see the check above"))
     checks.insert(0, code)
     notes = []
-    if (folder / "README.md").is_file() and (folder / "README.md").read_text() != str(card):
+    if card and (folder / "README.md").is_file() and (folder / "README.md").read_text() != str(card):
         notes.append("README.md in the folder differs from the regenerated card; the regenerated card is uploaded")
-    return RepoPlan(repo_id, "model", folder, files, card.data.to_yaml(), private, revision, skipped, checks,
-                    notes=notes)
+    return RepoPlan(repo_id, "model", folder, files, card.data.to_yaml() if card else "(no card)", private, revision,
+                    left_out, checks, notes=notes)
 
 
 def build_wheel(out_dir) -> Path:

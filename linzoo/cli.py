@@ -112,9 +112,9 @@ def run(name: str, argv: list[str], debug: bool) -> int:
         if full:
             print(f"{prog}: error: {full}", file=sys.stderr)
             return 1
-        if isinstance(err, FloatingPointError) and raised_by_linzoo(err):  # training diverged: said, not a crash
+        if isinstance(err, FloatingPointError) and raised_by_linzoo(err):  # training diverged: the flags' fault
             print(f"{prog}: error: {error_line(prog, err, True).split(': error: ', 1)[1]}", file=sys.stderr)
-            return 1
+            return 2
         bad_input = isinstance(err, input_error_types())
         print(error_line(prog, err, bad_input), file=sys.stderr)
         return 2 if bad_input else 1

@@ -151,17 +151,47 @@ def first_nonfinite(named_tensors) -> str | None:
     return named[int(finite.logical_not().nonzero()[0, 0])][0]
 
 
-def nonfinite_error(where, name: str) -> ValueError:
-    return ValueError(f"{where} holds non-finite weights ({name} has NaN or inf): it is no usable model; train it "
-                      "again from its last finite checkpoint, with a lower learning rate")
+def unusable_error(where, why: str) -> ValueError:
+    """The refusal of a model `unusable_model` finds `why` unusable."""
+    return ValueError(f"{where} is no usable model ({why}): train it again from its last good checkpoint, with a "
+                      "lower learning rate")
 
 
-def check_finite_folder(folder) -> None:
-    """A ValueError when a safetensors file of `folder` holds a NaN or an infinity (read tensor by tensor)."""
-    from safetensors import safe_open
+PROBE_TOKENS = 64  # the output probe's length: one chunk of the fla kernels, a window's worth of context
 
-    for path in sorted(Path(folder).glob("*.safetensors")):
-        with safe_open(path, framework="pt") as f:
-            bad = first_nonfinite((key, f.get_tensor(key)) for key in f.keys())
-        if bad is not None:
-            raise nonfinite_error(folder, bad)
+
+def probe_ids(vocab_size: int, device=None):
+    """The output probe's input: a fixed [1, PROBE_TOKENS] row of token ids spread over the vocabulary (no tokenizer,
+    no randomness: the same ids for every model of that vocabulary, in every process)."""
+    import torch
+
+    return (torch.arange(PROBE_TOKENS, device=device).view(1, -1) * 7919 + 13) % vocab_size
+
+
+def nonfinite_outputs(model) -> str | None:
+    """None when `model`'s logits on the fixed probe (`probe_ids`) are all finite; else what share is not ("62.5 %
+    of its logits are NaN or inf"). Weights can be finite and still give no usable output (a learning rate of 1e30
+    leaves weights near 1e30 whose products overflow): a model is judged by what it outputs. Runs without gradients
+    and in eval mode, giving the model back in the mode it came in; one host sync."""
+    import torch
+
+    training = model.training
+    device = next(model.parameters()).device
+    try:
+        model.eval()
+        with torch.no_grad():
+            logits = model(input_ids=probe_ids(model.config.vocab_size, device), use_cache=False).logits
+    finally:
+        model.train(training)
+    bad = (~torch.isfinite(logits)).float().mean().item()
+    return None if bad == 0 else f"{100 * bad:.3g} % of its logits on a fixed {PROBE_TOKENS}-token probe are NaN or inf"
+
+
+def unusable_model(model) -> str | None:
+    """Why `model` is no usable model (non-finite weights, else non-finite outputs on the probe); None when it is one.
+    The one test that saves, loads, cards, evals and pushes apply."""
+    name = first_nonfinite(model.state_dict().items())
+    if name is not None:
+        return f"non-finite weights ({name} has NaN or inf)"
+    outputs = nonfinite_outputs(model)
+    return outputs and f"non-finite outputs ({outputs})"

@@ -148,7 +148,7 @@ def load_model(spec: str, dtype: torch.dtype | str | None = None, device: str | 
 
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    from .integrity import first_nonfinite, nonfinite_error, verify_folder
+    from .integrity import unusable_error, unusable_model, verify_folder
     from .modeling.modeling_linzoo import LinzooForCausalLM, check_weights_match_config
 
     source = resolve(spec)
@@ -177,9 +177,9 @@ def load_model(spec: str, dtype: torch.dtype | str | None = None, device: str | 
         tokenizer = AutoTokenizer.from_pretrained(source, config=model.config, trust_remote_code=trust_remote_code)
     except OSError as err:
         raise FileNotFoundError(_unreachable(spec, err)) from err
-    bad = first_nonfinite(model.state_dict().items())  # a NaN run's folder never evaluates, serves or cards
-    if bad is not None:
-        raise nonfinite_error(spec, bad)
+    why = unusable_model(model)  # a diverged run's folder never evaluates, serves or cards
+    if why is not None:
+        raise unusable_error(spec, why)
     model.config._name_or_path = EMBEDDED_TEACHER if spec == "embedded" else spec
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

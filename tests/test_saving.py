@@ -43,9 +43,9 @@ def test_nonfinite_weights_of_the_last_stage_are_not_saved(tiny_teacher_dir, tin
         linearize.main(argv)
     message = str(caught.value)
     assert "\n" not in message
-    assert message.startswith("Non-finite weights (") and " first) at stage3-kd step 1 of 1: not saved; " in message
-    assert message.endswith(f"the last finite checkpoint, {out / 'stage2-hidden-alignment'}, is kept. "
-                            "Lower --stage_learning_rates (stage 3 is 1e+39).")
+    assert message.startswith("Non-finite weights (") and " has NaN or inf) at stage3-kd step 1 of 1: not saved; " in message
+    assert message.endswith(f"the last good checkpoint, {out / 'stage2-hidden-alignment'}, is kept: the same command "
+                            "with that fixed resumes from it. Lower --stage_learning_rates (stage 3 is 1e+39).")
     assert not (out / "model.safetensors").exists() and not (out / "linzoo_training.json").exists()
     assert not [f for f in _files(out / "stage3-kd")]  # no checkpoint, no model, no stage_done.json
     stage2 = load_file(out / "stage2-hidden-alignment" / "model.safetensors")
@@ -60,12 +60,124 @@ def test_a_one_step_first_stage_of_nonfinite_weights_is_refused(tiny_teacher_dir
     out = tmp_path / "run"
     argv = _argv(tiny_teacher_dir, tiny_corpus, out, 64, ("--stage_fractions", "1", "0", "0",
                                                           "--stage_learning_rates", HUGE_LR, "1e-4", "1e-4"))
-    assert cli.main(["linearize", *argv]) == 1
+    assert cli.main(["linearize", *argv]) == 2
     err = capsys.readouterr().err.splitlines()[-1]  # after the loaders' progress bars
     assert err.startswith("linzoo linearize: error: Non-finite weights (model.layers."), err
-    assert ("at stage1-attention-transfer step 1 of 1: not saved; no checkpoint was saved before it. Lower "
-            "--stage_learning_rates (stage 1 is 1e+39).") in err
+    assert ("at stage1-attention-transfer step 1 of 1: not saved; no good checkpoint was saved before it: the same "
+            "command with that fixed starts over. Lower --stage_learning_rates (stage 1 is 1e+39).") in err
     assert _files(out) == ["linzoo_run.json"]
+
+
+# --- finite weights, non-finite outputs; the corrected command goes on ----------------------------------------------
+
+DIVERGING_LR = "1e30"  # one AdamW step leaves weights near 1e30: finite, but their products overflow
+
+
+def test_finite_weights_whose_logits_are_not_are_not_saved_and_the_corrected_command_starts_over(
+        tiny_teacher_dir, tiny_corpus, tmp_path, capsys):
+    """A one-step stage 3 at 1e30 saved weights near 1e30 whose logits are all NaN, with its lineage, exit 0 (the
+    weights' check passed them). Now the save is refused (exit 2, one line) and the same command with a lower rate,
+    refused before as "other arguments", starts over in the same folder."""
+    from linzoo import cli
+
+    out = tmp_path / "run"
+    argv = _argv(tiny_teacher_dir, tiny_corpus, out, 64, ("--stage_fractions", "0", "0", "1"))
+    assert cli.main(["linearize", *argv, "--stage_learning_rates", "1e-3", "1e-4", DIVERGING_LR]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err == ("linzoo linearize: error: Non-finite outputs (100 % of its logits on a fixed 64-token probe are NaN "
+                   "or inf) at stage3-kd step 1 of 1: not saved; no good checkpoint was saved before it: the same "
+                   "command with that fixed starts over. Lower --stage_learning_rates (stage 3 is 1e+30)."), err
+    assert _files(out) == ["linzoo_run.json"]
+    assert cli.main(["linearize", *argv, "--stage_learning_rates", "1e-3", "1e-4", "1e-4"]) == 0
+    assert "holds a linearize run that diverged (Non-finite outputs" in capsys.readouterr().out
+    record = json.loads((out / "linzoo_training.json").read_text())
+    assert [s["learning_rate"] for s in record["stages"]] == [1e-4]
+
+
+def test_a_diverged_stage_is_not_done_and_the_corrected_command_goes_on_from_the_stage_before(
+        tiny_teacher_dir, tiny_corpus, tmp_path, capsys):
+    """Every stage at 1e30: stage 1 was kept as done (its loss is computed before its one update), the error named a
+    checkpoint-0 that never existed, and the corrected command was refused. Now stage 1 is not done, and with stage 1
+    at a sane rate and stage 2 diverging, the error names stage 1's folder, which the corrected command goes on from."""
+    from linzoo import cli
+
+    out = tmp_path / "run"
+    argv = _argv(tiny_teacher_dir, tiny_corpus, out, 192, ("--stage_fractions", "1", "1", "1"))
+    assert cli.main(["linearize", *argv, "--stage_learning_rates", *[DIVERGING_LR] * 3]) == 2
+    assert "at stage1-attention-transfer step 1 of 1: not saved; no good checkpoint" in capsys.readouterr().err
+    assert not (out / "stage1-attention-transfer" / "stage_done.json").exists()
+    assert cli.main(["linearize", *argv, "--stage_learning_rates", "1e-3", DIVERGING_LR, "1e-4"]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    stage1 = out / "stage1-attention-transfer"
+    assert " at stage2-hidden-alignment step 1 of 1: not saved; the last good checkpoint, " \
+           f"{stage1}, is kept: the same command with that fixed resumes from it." in err, err
+    assert cli.main(["linearize", *argv, "--stage_learning_rates", "1e-3", "1e-4", "1e-4"]) == 0
+    log = capsys.readouterr().out
+    assert "stage1-attention-transfer already finished" in log and "that diverged" in log
+    record = json.loads((out / "linzoo_training.json").read_text())
+    assert [s["learning_rate"] for s in record["stages"]] == [1e-3, 1e-4, 1e-4]
+    run = json.loads((out / "linzoo_run.json").read_text())
+    assert run["changed_after_divergence"] == ["stage_learning_rates [1e+30, 1e+30, 1e+30] -> [0.001, 1e+30, 0.0001]",
+                                               "stage_learning_rates [0.001, 1e+30, 0.0001] -> [0.001, 0.0001, 0.0001]"]
+    # a finished run holds its arguments again: only a divergence lets the rate change
+    assert cli.main(["linearize", *argv, "--stage_learning_rates", "1e-3", "1e-4", "1e-5"]) == 2
+    assert "holds a linearize run with other arguments" in capsys.readouterr().err
+
+
+def test_a_stage_resumed_after_a_nonfinite_loss_trains_at_the_corrected_rate(tiny_teacher_dir, tiny_corpus, tmp_path,
+                                                                             monkeypatch, capsys):
+    """A NaN loss at step 3 of 3 (checkpoint-2 saved): the error named checkpoint-2 only "if that step was saved", and
+    a rerun at another rate, once allowed, would have taken the checkpoint's rate back with its scheduler's state."""
+    from linzoo import cli
+    from linzoo.trainers.linearize_trainer import KnowledgeDistillationTrainer
+
+    real = KnowledgeDistillationTrainer.stage_loss
+
+    def nan_at_step_3(self, model, inputs):
+        loss = real(self, model, inputs)
+        return loss * float("nan") if self.state.global_step == 2 else loss
+
+    out = tmp_path / "run"
+    argv = _argv(tiny_teacher_dir, tiny_corpus, out, 192, ("--stage_fractions", "0", "0", "1",
+                                                           "--lr_scheduler_type", "constant"))
+    with monkeypatch.context() as patch:
+        patch.setattr(KnowledgeDistillationTrainer, "stage_loss", nan_at_step_3)
+        assert cli.main(["linearize", *argv, "--stage_learning_rates", "1e-3", "1e-4", "1e-2"]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith("linzoo linearize: error: Non-finite loss (nan) at step 3 of KnowledgeDistillationTrainer: "
+                          f"nothing was saved after it; the last good checkpoint, {out / 'stage3-kd' / 'checkpoint-2'}, "
+                          "is kept: the same command with that fixed resumes from it. Lower --stage_learning_rates "
+                          "(stage 3 is 0.01)"), err
+    assert cli.main(["linearize", *argv, "--stage_learning_rates", "1e-3", "1e-4", "5e-3"]) == 0
+    log = "".join(capsys.readouterr())
+    assert "resuming stage3-kd from" in log and "checkpoint-2 was saved at learning rate 0.01; resuming at 0.005" in log
+    assert "'learning_rate': '0.005'" in log  # step 3's log
+    assert "'learning_rate': '0.01'" not in log
+
+
+def test_a_model_is_judged_by_its_outputs_wherever_it_is_loaded(tiny_student_dir, tmp_path):
+    """Weights scaled by 1e30 are finite; the logits they give are not. Loading (and so every eval, the Space and the
+    card) refuses them."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    import linzoo
+    from linzoo.hub_cards import card
+
+    folder = shutil.copytree(tiny_student_dir, tmp_path / "diverged")
+    weights = {name: t * 1e30 for name, t in load_file(folder / "model.safetensors").items()}
+    assert all(torch.isfinite(t).all() for t in weights.values())
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    lineage = folder / "linzoo_training.json"
+    if lineage.is_file():  # the weights changed on purpose: their recorded sha256 goes
+        record = json.loads(lineage.read_text())
+        record.pop("weights_sha256", None)
+        lineage.write_text(json.dumps(record))
+    for attempt in (lambda: linzoo.load_model(str(folder)), lambda: card.build_card(folder)):
+        with pytest.raises(ValueError, match=r"is no usable model \(non-finite outputs \(100 % of its logits on a "
+                                             r"fixed 64-token probe are NaN or inf\)\)"):
+            attempt()
 
 
 # --- whole files, full disks --------------------------------------------------------------------------------------

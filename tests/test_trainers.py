@@ -288,6 +288,33 @@ def test_sft_and_distill_instruct_smoke(tiny_teacher_dir, tiny_corpus, tmp_path)
     _loads(out)
 
 
+@pytest.mark.parametrize("command", ["sft", "distill-instruct"])
+def test_a_chat_run_with_no_answer_token_to_learn_from_is_refused(finished_run, tiny_teacher_dir, tmp_path, command,
+                                                                  capsys):
+    """--whole_chats false with every chat longer than --max_seq_length cut each one before its answer: SFT trained on
+    zero answer tokens (train_loss 0), saved "the instruct student" and exited 0. Now the count comes first."""
+    from linzoo import cli
+
+    chats = tmp_path / "long.jsonl"
+    with open(chats, "w") as f:
+        for i in range(20):
+            f.write(json.dumps({"messages": [{"role": "user", "content": f"Remember the river {i}. " * 12},
+                                             {"role": "assistant", "content": "The pass key is 0123456789."}]}) + "\n")
+    teacher = ["--teacher", str(tiny_teacher_dir)] if command == "distill-instruct" else []
+    argv = [command, "--model_name_or_path", str(finished_run[0]), *teacher, "--dataset", str(chats),
+            "--total_tokens", "256", "--per_device_train_batch_size", "2", "--dataloader_pin_memory", "false",
+            "--whole_chats", "false"]
+    out = tmp_path / "cut"
+    assert cli.main([*argv, "--max_seq_length", "32", "--output_dir", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (f"linzoo {command}: error: --max_seq_length 32 with --whole_chats false cuts the chats before their "
+                   "answers: no answer token is left to learn from; raise --max_seq_length, or drop --whole_chats "
+                   "false to train on the chats that fit whole"), err
+    assert not (out / "linzoo_training.json").exists()
+    assert cli.main([*argv, "--max_seq_length", "128", "--output_dir", str(tmp_path / "whole")]) == 0
+    assert "answer tokens to learn from, in" in capsys.readouterr().out
+
+
 # --- errors ---------------------------------------------------------------------------------
 
 def test_clear_errors(tiny_teacher_dir, tiny_corpus, tmp_path, monkeypatch):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ..integrity import LINEAGE_FILE, first_nonfinite, weights_record, write_json  # noqa: F401 (the trainers' writer)
+from ..integrity import LINEAGE_FILE, unusable_model, weights_record, write_json  # noqa: F401 (the trainers' writer)
 RUN_FILE = "linzoo_run.json"  # the command and arguments a run folder was started with (`run_folder`)
 LOCK_FILE = ".linzoo.lock"  # held by the run writing the folder
 MAX_EPOCHS = 20  # more passes over the data than this need --allow_many_epochs
@@ -29,6 +29,11 @@ RESULT_NEUTRAL = {"output_dir", "run_name", "report_to", "project", "disable_tqd
                   # a deadline bounds one call: a resumed run goes on under the new one (a stage that stopped at the
                   # old one is done, as it was saved); a zoo with train_seconds resumes its runs with the time left
                   "max_wall_seconds"}
+# What the same command may change to go on from the last good save of a run that diverged (`_claim`): the step
+# size, its schedule and clipping, and the kernels (a kernel's NaN is ruled out with --kernel_backend torch).
+DIVERGENCE_FIXES = {"learning_rate", "stage_learning_rates", "max_grad_norm", "warmup_ratio", "warmup_steps",
+                    "lr_scheduler_type", "lr_scheduler_kwargs", "weight_decay", "adam_beta1", "adam_beta2",
+                    "adam_epsilon", "kernel_backend"}
 RESULT_NEUTRAL_PREFIXES = ("logging_", "log_", "save_", "hub_", "trackio_")
 
 
@@ -211,17 +216,24 @@ def check_free_space(folder, need: int):
                                           f"~{_size(need)}; free space or pass another --output_dir")
 
 
-def check_finite_parameters(model, where: str, fix: str, kept=None):
-    """Refuses, before a save, weights of `model` that are not finite: a FloatingPointError naming `where` (the stage
-    and step), the first such parameter, the save that stays the last finite one (`kept`, None: nothing was saved)
-    and what to change (`fix`). Saves are what mark work done and what a rerun resumes from; the loss check
+def check_usable(model, where: str, fix: str, kept=None):
+    """Refuses, before a save, a `model` that is no usable model (`linzoo.integrity.unusable_model`: non-finite
+    weights, or finite weights whose logits on a fixed probe are not): a FloatingPointError naming `where` (the stage
+    and step), what is wrong, the save that stays the last good one (`kept`, None: nothing was saved) and what to
+    change (`fix`). Saves are what mark work done and what a rerun resumes from; the loss check
     (`TeacherStudentTrainer._check_finite`) reads each step's loss, computed before that step's update, so it never
-    sees a stage's last update. One host sync for all the parameters."""
-    first = first_nonfinite(model.named_parameters())
-    if first is None:
+    sees a stage's last update."""
+    why = unusable_model(model)
+    if why is None:
         return
-    kept = f"the last finite checkpoint, {kept}, is kept" if kept else "no checkpoint was saved before it"
-    raise FloatingPointError(f"Non-finite weights ({first} first) at {where}: not saved; {kept}. {fix}.")
+    raise FloatingPointError(f"{why[0].upper()}{why[1:]} at {where}: not saved; {what_resumes(kept)}. {fix}.")
+
+
+def what_resumes(kept: str | None) -> str:
+    """What the same command, with its diverging flag fixed, goes on from (`_claim` lets such a rerun change it)."""
+    if kept:
+        return f"the last good checkpoint, {kept}, is kept: the same command with that fixed resumes from it"
+    return "no good checkpoint was saved before it: the same command with that fixed starts over"
 
 
 def lower_learning_rate(args, stage: int | None = None) -> str:
@@ -252,14 +264,34 @@ class CheckedSaves:
         two states per trainable weight)."""
         out = Path(self.args.output_dir)
         where = f"{out.name} step {self.state.global_step} of {self.state.max_steps}"
-        check_finite_parameters(self.model, where, lower_learning_rate(self.args, self.stage),
-                                newest_checkpoint(out) or self.kept_before)
+        check_usable(self.model, where, lower_learning_rate(self.args, self.stage), self.last_good())
         states = 2 * parameter_bytes(self.model, trainable_only=True) if optimizer else 0
         check_free_space(out, parameter_bytes(self.model) + states)
+
+    def last_good(self) -> str | None:
+        """The save a rerun would resume from: this Trainer's newest checkpoint (each passed `check_save`), else
+        `kept_before`."""
+        return newest_checkpoint(self.args.output_dir) or self.kept_before
 
     def _save_checkpoint(self, *args, **kwargs):
         self.check_save(optimizer=True)
         return super()._save_checkpoint(*args, **kwargs)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        """A checkpoint's scheduler state carries the learning rate it was saved under; the run resumed from it (a
+        diverged run resumed with a lower rate, `_claim`) trains at this run's rate, from the checkpoint's step."""
+        super()._load_optimizer_and_scheduler(checkpoint)
+        scheduler = self.lr_scheduler
+        if not checkpoint or scheduler is None or not hasattr(scheduler, "lr_lambdas"):
+            return
+        if any(base != self.args.learning_rate for base in scheduler.base_lrs):
+            print(f"linzoo: {Path(checkpoint).name} was saved at learning rate {scheduler.base_lrs[0]:g}; "
+                  f"resuming at {self.args.learning_rate:g}")
+            scheduler.base_lrs = [self.args.learning_rate] * len(scheduler.base_lrs)
+            for group, factor in zip(self.optimizer.param_groups, scheduler.lr_lambdas):
+                group["initial_lr"] = self.args.learning_rate
+                group["lr"] = self.args.learning_rate * factor(scheduler.last_epoch)
+            scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]  # what the next log reports
 
 
 def with_checked_saves(trainer_cls):
@@ -310,6 +342,14 @@ def _claim(out: Path, command: str, arguments: dict, overwrite: bool):
                       for k in dict.fromkeys([*old, *new]) if old.get(k, unset) != new.get(k, unset)]
             if recorded["command"] != command:  # another command: not a list of its own fields
                 differ = [f"command {recorded['command']!r} -> {command!r}"]
+            changed = {k for k in dict.fromkeys([*old, *new]) if old.get(k, unset) != new.get(k, unset)}
+            if differ and recorded.get("diverged") and recorded["command"] == command and changed <= DIVERGENCE_FIXES:
+                print(f"linzoo: {out} holds a {command} run that diverged ({recorded['diverged']}); going on from its "
+                      f"last good save with {'; '.join(differ)}")
+                write_json(out / RUN_FILE, {"command": command, "arguments": arguments,
+                                            "changed_after_divergence": [*recorded.get("changed_after_divergence", []),
+                                                                         *differ]})
+                return False
             if differ:
                 raise ValueError(
                     f"{out} holds a {recorded['command']} run with other arguments ({'; '.join(differ)}): rerun with "
@@ -319,6 +359,13 @@ def _claim(out: Path, command: str, arguments: dict, overwrite: bool):
             return False
     write_json(out / RUN_FILE, {"command": command, "arguments": arguments})
     return True
+
+
+def _mark_diverged(out: Path, err: FloatingPointError):
+    """Notes in the run's record that it stopped on a divergence: the same command with a lower learning rate (any of
+    DIVERGENCE_FIXES changed) may then go on from the run's last good save."""
+    record = json.loads((out / RUN_FILE).read_text())
+    write_json(out / RUN_FILE, {**record, "diverged": str(err).split(":", 1)[0]})
 
 
 def _only_the_record(out: Path) -> bool:
@@ -369,9 +416,11 @@ def run_folder(cfg, command, arguments, reads: dict[str, str | None] | None = No
         recorded = _claim(out, command, arguments, cfg.overwrite_output_dir)
         try:
             yield
-        except BaseException:
+        except BaseException as err:
             if recorded and _only_the_record(out):
                 (out / RUN_FILE).unlink()
+            elif isinstance(err, FloatingPointError) and (out / RUN_FILE).is_file():
+                _mark_diverged(out, err)
             raise
     finally:
         lock.release()
@@ -477,9 +526,9 @@ def save_with_lineage(model, tokenizer, out, stage, parent, record, fix="Lower t
     """Save a loadable folder (weights, modeling files, tokenizer) and its lineage, `linzoo_training.json`:
     the stage (base / instruct / instruct-distilled), the parent it was trained from, and the run's record. The
     lineage comes last and whole (`write_json`): a folder holding it is a finished run. Refused before any write when
-    the weights are not finite (`fix`, `kept`: see `check_finite_parameters`) or the disk has no room for them."""
+    the model is not usable (`fix`, `kept`: see `check_usable`) or the disk has no room for them."""
     out = Path(out)
-    check_finite_parameters(model, f"the final save of the {stage} student", fix, kept)
+    check_usable(model, f"the final save of the {stage} student", fix, kept)
     check_free_space(out, parameter_bytes(model))
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -502,9 +551,34 @@ def train_resumed(trainer, resume):
     return trainer.train(resume_from_checkpoint=resume)
 
 
+def check_supervised(trainer, args):
+    """Counts, before training, the answer tokens the trainer learns from (its prepared rows' labels that are not -100:
+    the completions, as cut to --max_seq_length). None, or answers in fewer rows than one batch, is a one-line
+    ValueError naming the flag that cut them; else a line says how many."""
+    data = trainer.train_dataset
+    column = next((c for c in ("labels", "completion_mask", "assistant_masks") if c in data.column_names), None)
+    if column is None:
+        return  # rows prepared at each step (on-policy distillation): nothing to count ahead
+    ignored = -100 if column == "labels" else 0
+    counts = [sum(v != ignored for v in row) for row in data[column]]
+    tokens, rows = sum(counts), sum(n > 0 for n in counts)
+    if rows >= args.per_device_train_batch_size:
+        print(f"linzoo: {tokens:,} answer tokens to learn from, in {rows:,} of {len(counts):,} rows")
+        return
+    found = "no answer token" if tokens == 0 else f"answer tokens in {rows} rows, fewer than one batch " \
+                                                  f"(--per_device_train_batch_size {args.per_device_train_batch_size})"
+    if not getattr(args, "whole_chats", True):
+        raise ValueError(f"--max_seq_length {args.max_seq_length} with --whole_chats false cuts the chats before their "
+                         f"answers: {found} is left to learn from; raise --max_seq_length, or drop --whole_chats false "
+                         "to train on the chats that fit whole")
+    raise ValueError(f"the chats of --dataset {args.dataset} that fit --max_seq_length {args.max_seq_length} leave "
+                     f"{found} to learn from: raise --max_seq_length or --total_tokens, or give chats with answers")
+
+
 def train_and_save(trainer, model, tokenizer, args, model_args, stage, record):
     """Train (resuming from the last complete checkpoint in output_dir), merge LoRA, save with lineage."""
     out = args.output_dir
+    check_supervised(trainer, args)
     check_epochs(args, args.max_steps, len(trainer.train_dataset))
     resume = last_complete_checkpoint(out)
     if resume:

@@ -8,7 +8,8 @@ Stages (budget split by --stage_fractions, default 0.1/0.2/0.7): 1 attention tra
 train), 2 hidden-state alignment, 3 knowledge distillation. Each stage checkpoints under
 <output_dir>/stageN-*; a rerun of the same command skips finished stages and resumes the running one
 from its last complete checkpoint (same stage, same step; one a kill cut short is moved aside). No
-save holds non-finite weights. What nothing resumes from is deleted: a stage's checkpoints once it is
+save holds a model with non-finite weights or non-finite logits on a fixed probe; a run that diverged goes on
+from its last good save when rerun with a lower --stage_learning_rates (or clipping). What nothing resumes from is deleted: a stage's checkpoints once it is
 saved, its weights once the next stage is, and all of them once the student is (each stage's
 stage_done.json summary stays); a rerun of a finished run has nothing to do. The
 arguments are recorded in <output_dir>/linzoo_run.json when a run starts: a rerun with others is refused
@@ -29,7 +30,7 @@ from transformers import set_seed
 from ..integrity import LINEAGE_FILE
 from .common import (BUDGET_FLAGS, already_done, check_epochs, check_same_vocab, last_complete_checkpoint,
                      parse_config, refuse_unused, remove_checkpoints, run_arguments, run_folder, save_with_lineage,
-                     steps_for_tokens, train_resumed, write_json)
+                     steps_for_tokens, train_resumed, unusable_model, write_json)
 from .deadline import WallClockDeadline, stage_deadline
 from .linearize_config import LinearizeConfig
 from .linearize_trainer import AttentionTransferTrainer, HiddenAlignmentTrainer, KnowledgeDistillationTrainer
@@ -107,7 +108,8 @@ def run_stage(index, student, teacher, tokenizer, dataset, args, deadline=None):
     done = trainer.state.global_step  # = steps, unless the deadline stopped the stage early
     steady = sorted(trainer.throughput_log)
     summary = {
-        "stage": name, "steps": done, "tokens": done * per_step, "seconds": round(seconds, 1),
+        "stage": name, "steps": done, "tokens": done * per_step, "learning_rate": cfg.learning_rate,
+        "seconds": round(seconds, 1),
         "resumed_at_step": done_before if resume else None,
         # this run's tokens over its wall time (start-up, compilation and saving included) ...
         "tokens_per_second": round((done - done_before) * per_step / seconds, 1),
@@ -218,6 +220,10 @@ def _linearize(args: LinearizeConfig):
                                      "was saved, and its files are gone since): pass --overwrite_output_dir true to "
                                      "start over")
                 student = LinzooForCausalLM.from_pretrained(stage_dir, dtype=torch.float32)
+                why = unusable_model(student)
+                if why is not None:  # saved by a linzoo that checked only the weights
+                    raise ValueError(f"{stage_dir} finished, but is no usable model ({why}): pass "
+                                     "--overwrite_output_dir true to start over, with lower --stage_learning_rates")
                 if writer:
                     remove_checkpoints(stage_dir)  # what a kill right after the stage's save left
             summaries.append(json.loads((stage_dir / DONE_FILE).read_text()))

@@ -94,6 +94,9 @@ class LinearizeConfig(RunArguments, SFTConfig, KDArguments):
               "max_seq_length": {"min": 1}, "stage_fractions": {"min": 0}, "stage_learning_rates": {"min": 0}}
 
     def __post_init__(self):
+        # a stage's config is this one `dataclasses.replace`d: the schedule comes back as the enum the first
+        # __post_init__ made of it, which check_fields' str() would turn into "SchedulerType.CONSTANT"
+        self.lr_scheduler_type = getattr(self.lr_scheduler_type, "value", self.lr_scheduler_type)
         check_fields(self)  # types, finite numbers, limits: before any other check, and before anything loads
         if self.mixer not in MIXERS:
             raise ValueError(f"Unknown mixer {self.mixer!r}: pass --mixer one of {', '.join(MIXERS)}.")

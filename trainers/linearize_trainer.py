@@ -13,7 +13,7 @@ from torch.utils.checkpoint import checkpoint
 from trl import SFTTrainer
 
 from ..capture import mixer_io
-from .common import CheckedSaves
+from .common import CheckedSaves, lower_learning_rate, what_resumes
 
 
 def mixed_precision(device, mode):
@@ -85,11 +85,10 @@ class TeacherStudentTrainer(CheckedSaves, SFTTrainer):
         if self._nonfinite is None or self._nonfinite[0].item() == 0:
             return
         step, value = int(self._nonfinite[0].item()), self._nonfinite[1].item()
-        last = (step - 1) - (step - 1) % max(int(self.args.save_steps), 1)
         raise FloatingPointError(
-            f"Non-finite loss ({value}) at step {step} of {type(self).__name__}. Nothing was saved after it: the "
-            f"last good checkpoint is {self.args.output_dir}/checkpoint-{last} (if that step was saved). Lower the "
-            "learning rate, or use --kernel_backend torch to rule out kernels."
+            f"Non-finite loss ({value}) at step {step} of {type(self).__name__}: nothing was saved after it; "
+            f"{what_resumes(self.last_good())}. "
+            f"{lower_learning_rate(self.args, self.stage)}, or use --kernel_backend torch to rule out kernels."
         )
 
     def _save_checkpoint(self, *args, **kwargs):
