@@ -7,7 +7,8 @@ instruct-distilled, ...), each evaluated beside the teacher, with one report.
     linzoo zoo --config recipes/135m/zoo-gpu.yaml --check               # what it would fail on, one line each
     linzoo zoo --next recipes/135m/gpu-queue.txt                        # the queue's first build not yet reported
 
-The zoo file (YAML; an unknown key, mixer, command, eval or parent is a one-line error naming the key):
+The zoo file (YAML; an unknown key, mixer, command, eval or parent, or a key given twice in one mapping, which YAML
+would keep the last of without a word, is a one-line error naming the key):
 
     teacher: embedded                     # what linearize and distill-instruct learn from, evaluated once
     mixers: all                           # every mixer of the registry, or a list of names
@@ -41,17 +42,25 @@ weights) is skipped unless zoo_state.json records another command line for it; a
 trainers resume a killed run from its checkpoints (or refuse a folder of other arguments). A row whose folder holds
 a training the zoo file no longer describes (its command changed, its parent's did, or its parent was trained again
 after it) stops the build before anything runs, named with what changed; `--rebuild-changed` moves each such folder
-to `<folder>.replaced-N` (nothing is deleted) and builds it again. `<out>/zoo_state.json`
-keeps each command's line, exit code and seconds, which size the estimates of the steps left. `--max-seconds`
+to `<folder>.replaced-N` (nothing is deleted) and builds it again. A finished row is skipped only once its folder
+passes its check (`integrity.verify_folder`: its weights and config.json are the bytes its run recorded the sha256
+of, every JSON and safetensors file reads): one that fails it (or is gone) is moved aside the same way and built
+again, with the rows built from it. `<out>/zoo_state.json`
+keeps each command's line, exit code and seconds, which size the estimates of the steps left (a damaged one is
+refused, named: moved aside, the build finds its finished rows by their folders). `--max-seconds`
 stops every running command at that deadline (the next call resumes); `train_seconds` gives each training its own
 (linearize's --max_wall_seconds: it stops, saves and is evaluated; a training that would start after it does not).
-A build first checks what it would fail on (linzoo/zoo_check.py). The report, `<out>/zoo.md`, `zoo.json` and
+A build, and `--dry-run`, first check what it would fail on (linzoo/zoo_check.py). One build at a time holds
+`<out>`: a build (or `--report-only`, which writes the report) takes `<out>/.zoo.lock` (an OS lock on the file,
+which records the holder's pid, host and start: it ends with the process, however it ends), and another is refused,
+named; `--dry-run` and `--check` write nothing there and take none. The report, `<out>/zoo.md`, `zoo.json` and
 `zoo.png`, is written after every step. This is also the engine of the lent GPU's plans (scripts/device_jobs.sh
 stages the machine, runs a build and packs its report).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -95,6 +104,7 @@ MIN_TRAIN_SECONDS = 60
 ESTIMATE_KEYS = {"tokens_per_second", "start_seconds", "eval_seconds", "side_by_side"}
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 STATE_FILE, CARD_FILE = "zoo_state.json", "README.md"
+LOCK_FILE = ".zoo.lock"  # <out>'s: held by the build (or --report-only) writing it
 
 
 @dataclass
@@ -198,6 +208,49 @@ def _number(value, where, integer=False) -> float:
     return int(value) if integer else float(value)
 
 
+def load_yaml_once(path: Path):
+    """The data of the YAML file at `path`, as `yaml.safe_load` reads it, once every mapping in it is seen to give
+    each key once: YAML's loaders keep the last of a key given twice without a word (a variant named twice would
+    build one of the two). A ValueError naming the key's path and its lines; a yaml.YAMLError where it does not
+    parse."""
+    import yaml
+
+    loader = yaml.SafeLoader(path.read_text())
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _keys_once(node, path, "", set())
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _keys_once(node, path: Path, where: str, walked: set):
+    import yaml
+
+    if id(node) in walked:  # an alias of a node walked where it was anchored
+        return
+    walked.add(id(node))
+    if isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _keys_once(item, path, f"{where}[{i}]", walked)
+    if not isinstance(node, yaml.MappingNode):
+        return
+    lines = {}
+    for key, value in node.value:
+        named = isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge"
+        here = (f"{where}.{key.value}" if where else key.value) if named else where
+        if named and (key.tag, key.value) in lines:
+            what = ("the variant is named twice", "give each variant its own name") if where == "variants" else (
+                "given twice in one mapping", "give each key once")
+            raise ValueError(f"{path}: {here}: {what[0]} (lines {lines[key.tag, key.value]} and "
+                             f"{key.start_mark.line + 1}): YAML would keep the last without a word; {what[1]}")
+        if named:
+            lines[key.tag, key.value] = key.start_mark.line + 1
+        _keys_once(value, path, here, walked)
+
+
 def read_zoo(path) -> Zoo:
     """The zoo file at `path`, checked whole before anything runs: a ValueError naming the first bad key."""
     import yaml
@@ -209,7 +262,7 @@ def read_zoo(path) -> Zoo:
     if not path.is_file():
         raise FileNotFoundError(f"zoo file {path} does not exist")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = load_yaml_once(path)
     except yaml.YAMLError as err:
         raise ValueError(f"{path}: not valid YAML: {' '.join(str(err).split())}") from None
     raw = _mapping(raw, f"{path}:", TOP_KEYS)
@@ -441,9 +494,59 @@ def plan(zoo: Zoo, out) -> list[Step]:
 
 
 def read_state(out) -> dict:
+    """<out>/zoo_state.json, or a new state where there is none. A damaged one (not JSON, cut short, or not the shape
+    the build writes) is a one-line ValueError naming the file and the way out, before anything reads it wrongly."""
     path = Path(out) / STATE_FILE
-    state = read_json(path) if path.is_file() else {}
-    return state if isinstance(state.get("steps"), dict) else {"schema": "linzoo.zoo_state/v1", "steps": {}}
+    if not path.is_file():
+        return {"schema": "linzoo.zoo_state/v1", "steps": {}}
+    try:
+        state = json.loads(path.read_bytes())
+    except ValueError as err:  # a UnicodeDecodeError too
+        why = f"not JSON: {' '.join(str(err).split())}"
+    else:
+        why = state_problem(state)
+    if why:
+        raise ValueError(f"{path} is damaged ({why}): move it aside (mv {shlex.quote(str(path))} "
+                         f"{shlex.quote(f'{path}.damaged')}) and run again: the build then finds its finished rows "
+                         "by their folders")
+    return state
+
+
+JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
+              bool: "true or false", type(None): "null"}
+# a command's record -> its keys and their types (Build.record, Build.note_start): a finished command's (rc not
+# null) has the first five, one only started (rc null) the first two
+RECORD_KEYS = {"argv": list, "rc": (int, type(None)), "tokens": (int, float), "seconds": (int, float), "ended": str,
+               "label": str, "command": str, "started": str, "out": str, "cwd": str}
+
+
+def state_problem(state) -> str | None:
+    """What in a zoo_state.json's content differs from what the build writes and reads (None: nothing)."""
+    if not isinstance(state, dict):
+        return f"{JSON_TYPES.get(type(state), type(state).__name__)}, not an object of steps"
+    if not isinstance(state.get("steps"), dict):
+        return '"steps" is missing' if "steps" not in state else f'"steps" is {JSON_TYPES[type(state["steps"])]}'
+    for step, records in state["steps"].items():
+        if not isinstance(records, dict):
+            return f"steps.{step} is {JSON_TYPES[type(records)]}, not an object of commands"
+        for label, record in records.items():
+            where = f"steps.{step}.{label}"
+            if not isinstance(record, dict):
+                return f"{where} is {JSON_TYPES[type(record)]}, not a command's record"
+            needed = list(RECORD_KEYS)[:2 if record.get("rc") is None else 5]
+            missing = [key for key in needed if key not in record]
+            if missing:
+                return f"{where} lacks {', '.join(missing)}"
+            for key, kind in RECORD_KEYS.items():
+                value = record.get(key)
+                if key in record and (not isinstance(value, kind) or isinstance(value, bool)):
+                    return f"{where}.{key} is {JSON_TYPES.get(type(value), type(value).__name__)}"
+            if not all(isinstance(word, str) for word in record["argv"]):
+                return f"{where}.argv holds other than words"
+    stopped = state.get("stopped", [])
+    if not isinstance(stopped, list) or not all(isinstance(s, dict) for s in stopped):
+        return '"stopped" is not an array of objects'
+    return None
 
 
 def _where(out) -> dict:
@@ -526,9 +629,13 @@ def argv_change(old: list[str], new: list[str]) -> str:
     return "; ".join(changes)
 
 
-def move_aside(step: Step, state: dict, say=print) -> Path:
-    """Moves a replaced row's folder (and its log) to `<folder>.replaced-N` (the first N free) and forgets its
-    commands in `state`: nothing is deleted."""
+def move_aside(step: Step, state: dict, say=print) -> Path | None:
+    """Moves a row's folder (replaced, or failing its check) and its log to `<folder>.replaced-N` (the first N free)
+    and forgets its commands in `state`: nothing is deleted. A row whose folder is gone: its commands are forgotten
+    (None)."""
+    if not step.folder.exists():
+        state["steps"].pop(step.name, None)
+        return None
     n = 1
     while Path(f"{step.folder}.replaced-{n}").exists():
         n += 1
@@ -539,6 +646,70 @@ def move_aside(step: Step, state: dict, say=print) -> Path:
     state["steps"].pop(step.name, None)
     say(f"zoo: {step.name}: moved to {aside} (rebuilt from the zoo file)")
     return aside
+
+
+def descendants(step: Step, steps: list[Step]) -> list[Step]:
+    """The rows built from `step`'s weights: its children, theirs, and so on (in plan order, parents first)."""
+    names, found = {step.name}, []
+    for s in steps:
+        if s.parent in names:
+            names.add(s.name)
+            found.append(s)
+    return found
+
+
+# the end of integrity.verify_folder's reasons: how to mend the file by hand (the zoo builds the row again instead)
+MENDS = re.compile(r"; (copy it again|restore it)\b.*$")
+
+
+def folder_problem(step: Step) -> str | None:
+    """Why a finished row's folder is no longer the model its training saved (None: it is): it is gone, it lacks its
+    lineage or weights, or `integrity.verify_folder` finds a file that does not read or whose sha256 is not the one
+    the lineage records (the weights, config.json)."""
+    from linzoo.integrity import verify_folder
+
+    if not step.folder.is_dir():
+        return "the folder is gone"
+    if not step.train.output.is_file():
+        return f"its {step.train.output.name} is gone"
+    try:
+        verify_folder(step.folder)
+    except (OSError, ValueError) as err:
+        return MENDS.sub("", " ".join(str(err).split()))
+    return None if any(step.folder.glob("*.safetensors")) else "it holds no weights (*.safetensors)"
+
+
+def broken_rows(steps: list[Step], state: dict) -> list[tuple[Step, str]]:
+    """The finished rows (their training recorded as done with this command line, or its lineage there) whose folder
+    fails its check (`folder_problem`), parents first, with why. Skipped as done, such a row would pass its broken
+    weights on to its evals and children, or stop the build at its first eval with no way on. The rows built from
+    one of them are not checked: they are built again with it."""
+    found, rebuilt = [], set()
+    for step in steps:
+        if step.train is None or step.name in rebuilt:
+            continue
+        record = state["steps"].get(step.name, {}).get("train")
+        finished = record is not None and record["rc"] == 0 and same_command(record, step, step.train)
+        if not (finished or is_done(step, step.train, state)):
+            continue
+        why = folder_problem(step)
+        if why:
+            found.append((step, why))
+            rebuilt |= {s.name for s in descendants(step, steps)}
+    return found
+
+
+def rebuild_broken(steps: list[Step], state: dict, say=print) -> list[Step]:
+    """Each of `broken_rows`, said in a line, moved aside (`move_aside`: nothing is deleted) with the rows built from
+    it, so that the build makes them again; the rows it found."""
+    broken = broken_rows(steps, state)
+    for step, why in broken:
+        rows = descendants(step, steps)
+        children = f" and the {len(rows)} row{'s' * (len(rows) != 1)} built from it" if rows else ""
+        say(f"zoo: {step.name}: {step.folder} fails its check ({why}): rebuilding it{children}")
+        for row in (step, *rows):
+            move_aside(row, state, say)
+    return [step for step, _ in broken]
 
 
 def command_seconds(step: Step, cmd: Command, zoo: Zoo, state: dict) -> float:
@@ -623,6 +794,54 @@ def die_with_parent():
 
     prctl = ctypes.CDLL(None, use_errno=True).prctl
     return lambda: prctl(1, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def holding(out):
+    """Holds the zoo's folder `out` for this process: an OS lock (flock) on `<out>/.zoo.lock`, which the kernel lets
+    go when the process ends, however it ends (SIGKILL too), and in the file who holds it: pid, host, since. Held by
+    another process: a ValueError naming it and what to do. The file stays: the lock is on it, not its being there
+    (removing it while another process has it open would let two hold it)."""
+    import fcntl
+    import socket
+
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file: give a folder for the zoo (created if missing)")
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by the commands (Python opens it CLOEXEC)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(held_by(out, path)) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, (json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                  "since": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv}) + "\n").encode())
+        yield path
+    finally:
+        os.close(fd)  # lets go of the lock
+
+
+def held_by(out: Path, path: Path) -> str:
+    """The refusal of a second build on `out`, naming the process that holds its lock file `path`."""
+    try:
+        holder = json.loads(path.read_text())
+        who, stop = f"pid {holder['pid']} on {holder['host']}, since {holder['since']}", f"kill {holder['pid']}"
+    except (OSError, ValueError, TypeError, KeyError):  # it has just taken the lock, and not yet written its record
+        who, stop = "its record not yet written", "kill it"
+    return (f"{out} is in use by another `linzoo zoo` ({who}; it holds {path}): two builds would train over each "
+            f"other's rows; wait for it to end, or stop it ({stop}: a later run resumes), then run again "
+            "(--dry-run and --check need no lock)")
+
+
+def hold(out, stack: contextlib.ExitStack):
+    """Takes `out`'s lock (`holding`) for the rest of `stack`, and SIGTERM ends this process through its exits:
+    the build stops its commands and writes the report, the lock goes with the process."""
+    stack.enter_context(holding(out))
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    stack.callback(signal.signal, signal.SIGTERM, previous)
 
 
 class Build:
@@ -985,43 +1204,48 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_seconds < 0 or not math.isfinite(args.max_seconds):
         raise ValueError(f"--max-seconds {args.max_seconds}: give a number of seconds >= 0 (0: no deadline)")
     steps = plan(zoo, args.out)
-    state = read_state(args.out)
-    if args.report_only:
-        from linzoo.zoo_report import write_report
+    say = lambda line: print(line, flush=True)  # noqa: E731
+    with contextlib.ExitStack() as held:
+        writes = args.report_only or not (args.dry_run or args.check)
+        locked = writes and (args.report_only or Path(args.out).is_dir())
+        if locked:  # a build already there is named before anything else
+            hold(args.out, held)
+        state = read_state(args.out)
+        if args.report_only:
+            from linzoo.zoo_report import write_report
 
-        rows = write_report(zoo, steps, args.out, state)
-        print(f"zoo: the report of {sum(r['state'] == 'done' for r in rows)} of {len(rows)} steps done: "
-              f"{Path(args.out) / 'zoo.md'}")
-        return 0
-    print("\n".join(plan_lines(zoo, steps, args.out, zoo.jobs, state)), flush=True)
-    replaced = replaced_rows(steps, state)
-    if args.dry_run:
+            rows = write_report(zoo, steps, args.out, state)
+            print(f"zoo: the report of {sum(r['state'] == 'done' for r in rows)} of {len(rows)} steps done: "
+                  f"{Path(args.out) / 'zoo.md'}")
+            return 0
+        say("\n".join(plan_lines(zoo, steps, args.out, zoo.jobs, state)))
+        replaced = replaced_rows(steps, state)
+        if args.dry_run:
+            for step, why in replaced:
+                say(f"zoo: {step.name}: {why}: built again with --rebuild-changed")
+        from linzoo.zoo_check import check_plan
+
+        problems = check_plan(args.config, args.mixers, args.out)
+        for line in problems:
+            say(f"zoo: check: {line}")
+        if problems or args.check:
+            say(f"zoo: check: {len(problems)} problems" + (": fix them, then run again" if problems else ": ready"))
+            return 2 if problems else 0
+        if args.dry_run:
+            return 0
+        if not locked:  # a new folder, made once the check passed (a build it stops leaves none)
+            hold(args.out, held)
+            state = read_state(args.out)
+            replaced = replaced_rows(steps, state)
         for step, why in replaced:
-            print(f"zoo: {step.name}: {why}: built again with --rebuild-changed", flush=True)
-        return 0
-    from linzoo.zoo_check import check_plan
-
-    problems = check_plan(args.config, args.mixers, args.out)
-    for line in problems:
-        print(f"zoo: check: {line}", flush=True)
-    if problems or args.check:
-        print(f"zoo: check: {len(problems)} problems" + (": fix them, then run again" if problems else ": ready"),
-              flush=True)
-        return 2 if problems else 0
-    for step, why in replaced:
-        print(f"zoo: {step.name}: {why}", flush=True)
-        if args.rebuild_changed:
-            move_aside(step, state, say=lambda line: print(line, flush=True))
-    if replaced and not args.rebuild_changed:
-        print(f"zoo: {len(replaced)} rows hold trainings this zoo file no longer describes: pass --rebuild-changed "
-              "to move their folders to <folder>.replaced-N (nothing is deleted) and build them again, or run the "
-              "zoo file that built them", flush=True)
-        return 2
-    if replaced:
-        write_json(Path(args.out) / STATE_FILE, state)
-    build = Build(zoo, steps, args.out, zoo.jobs, args.max_seconds, say=lambda line: print(line, flush=True))
-    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the commands, write the report
-    try:
-        return build.run()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+            say(f"zoo: {step.name}: {why}")
+            if args.rebuild_changed:
+                move_aside(step, state, say=say)
+        if replaced and not args.rebuild_changed:
+            say(f"zoo: {len(replaced)} rows hold trainings this zoo file no longer describes: pass --rebuild-changed "
+                "to move their folders to <folder>.replaced-N (nothing is deleted) and build them again, or run the "
+                "zoo file that built them")
+            return 2
+        if rebuild_broken(steps, state, say=say) or replaced:
+            write_json(Path(args.out) / STATE_FILE, state)
+        return Build(zoo, steps, args.out, zoo.jobs, args.max_seconds, say=say).run()

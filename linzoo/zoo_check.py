@@ -1,14 +1,17 @@
 """What a zoo's plan would fail on that can be seen before anything runs (`linzoo zoo --check`, and the first thing
-every build does): a module the plan imports that is missing, a teacher that is not there, a training command or an
-eval whose flags do not parse, the quality eval's data. On a lent GPU a minute found here is a minute not lost."""
+every build does, and `--dry-run`): a module the plan imports that is missing, a teacher that is not there, a
+training command or an eval whose flags do not parse or that its own checks refuse (those its `main` runs before any
+model loads), the quality eval's data. On a lent GPU a minute found here is a minute not lost."""
 
 from __future__ import annotations
 
 import importlib
 import os
 import shlex
+import tempfile
 from pathlib import Path
 
+from linzoo.integrity import write_json
 from linzoo.zoo import Step, Zoo
 
 # What a plan imports beyond linzoo's own dependencies, and the wheels that carry it (a lent machine's image lacks
@@ -85,7 +88,7 @@ def check(zoo: Zoo, steps: list[Step], cuda: bool | None = None) -> list[str]:
             parse_config(types, step.train.argv[1:])
         except (ValueError, SystemExit) as err:
             errors.append(f"{step.name}: `linzoo {step.train.command}` would fail: {err}")
-    seen = set()
+    seen, parsed = set(), {}
     for step in steps:  # each eval's flags (once per eval of the file): argparse's own check of names and values
         for cmd in step.evals:
             if cmd.label in seen:
@@ -103,9 +106,69 @@ def check(zoo: Zoo, steps: list[Step], cuda: bool | None = None) -> list[str]:
             if unknown:
                 errors.append(f"{cmd.label}: unknown flags {shlex.join(unknown)} (`linzoo eval {spec.name} --help` "
                               "lists them)")
-            if spec.name == "quality":
-                errors += quality_data(cmd.argv)
+                continue
+            data = quality_data(cmd.argv) if spec.name == "quality" else []
+            errors += data
+            parsed[cmd.label] = spec if not data else None  # the eval's own check of the data would say it again
+    with tempfile.TemporaryDirectory(prefix="linzoo-check-") as tmp:
+        errors += eval_refusals(zoo, steps, parsed, Path(tmp), cuda)
     return errors
+
+
+def eval_refusals(zoo: Zoo, steps: list[Step], parsed: dict, tmp: Path, cuda: bool) -> list[str]:
+    """What each eval command refuses when it starts (`linzoo.arguments.parse_arguments` on its dataclass: the
+    eval's own checks of its values, which `main` runs before any model loads, such as niah's depths in [0, 1]),
+    for the evals of `parsed` ({label: EvalSpec}, those whose flags argparse took). Checked on the teacher's row and
+    on a student's (the zoo gives a student's run more flags), one line per eval.
+
+    What the plan has yet to make stands in for itself: a row's folder not trained yet is a folder of the teacher's
+    config.json in `tmp` (a student keeps its teacher's; the eval reads only config.json before it loads), and the
+    teacher's results a student's run compares with (TEACHER_FLAGS), not measured yet, are left out. Without `cuda`
+    a plan's `--device cuda` is checked as the CPU, as `needed_modules` leaves out what CUDA imports: a GPU's plan is
+    read anywhere, and checked whole on its GPU."""
+    from linzoo.arguments import parse_arguments
+    from linzoo.loading import read_config
+    from linzoo.zoo import TEACHER_FLAGS
+
+    try:
+        teacher_config = read_config(zoo.teacher)
+    except (OSError, ValueError):  # named by the teacher's row below (its own eval reads it)
+        teacher_config = {}
+    stand_ins = {}  # a row's folder not trained yet -> its stand-in
+    for step in steps:
+        if step.train is not None and not (step.folder / "config.json").is_file():
+            stand_in = tmp / f"row{len(stand_ins):04d}"  # one width: no stand-in's name starts another's
+            stand_in.mkdir()
+            write_json(stand_in / "config.json", teacher_config)
+            stand_ins[str(step.folder)] = str(stand_in)
+    results_flags = set()  # the flags that give a student's run the teacher's results: their word before the file
+    for flags in TEACHER_FLAGS.values():
+        words = flags(zoo.teacher, "\0")
+        results_flags.add(words[words.index("\0") - 1])
+    refusals, checked = [], set()
+    for step in steps:
+        for cmd in step.evals:
+            if parsed.get(cmd.label) is None or (cmd.label, step.train is None) in checked:
+                continue
+            checked.add((cmd.label, step.train is None))
+            argv = []
+            for word in cmd.argv[2:]:
+                if argv[-1:] and argv[-1] in results_flags and not Path(word).is_file():
+                    argv.pop()
+                    continue
+                if not cuda and (argv[-1:] == ["--device"] and word.startswith("cuda")
+                                 or word.startswith("--device=cuda")):
+                    word = "--device=cpu" if word.startswith("--") else "cpu"
+                argv.append(stand_ins.get(word, word))
+            try:
+                parse_arguments(parsed[cmd.label].arguments, argv)
+            except (OSError, ValueError) as err:
+                why = " ".join(str(err).split())
+                for real, stand_in in stand_ins.items():
+                    why = why.replace(stand_in, real)
+                if not any(line.startswith(f"{cmd.label}: ") or line.endswith(f": {why}") for line in refusals):
+                    refusals.append(f"{cmd.label}: {why}")  # an eval's first; a teacher that is not there once
+    return refusals
 
 
 def check_plan(config: str, mixers: str | None, out: str) -> list[str]:

@@ -345,7 +345,7 @@ def _claim(out: Path, command: str, arguments: dict, overwrite: bool):
             changed = {k for k in dict.fromkeys([*old, *new]) if old.get(k, unset) != new.get(k, unset)}
             if differ and recorded.get("diverged") and recorded["command"] == command and changed <= DIVERGENCE_FIXES:
                 print(f"linzoo: {out} holds a {command} run that diverged ({recorded['diverged']}); going on from its "
-                      f"last good save with {'; '.join(differ)}")
+                      f"last good save (the start, where none was made) with {'; '.join(differ)}")
                 write_json(out / RUN_FILE, {"command": command, "arguments": arguments,
                                             "changed_after_divergence": [*recorded.get("changed_after_divergence", []),
                                                                          *differ]})
