@@ -2,7 +2,7 @@
 attention on a few hundred tokens (`linzoo.linearize(..., calibration=ids)` calls `fit_to_teacher`).
 
 The measure is stage 1's: each layer's ||mixer(x_l) - attn(x_l)||^2 / ||attn(x_l)||^2 with x_l the teacher's input
-to layer l (`scripts/init_error.py` reports it per layer). Per mixer layer:
+to layer l (`experiments/init_error/init_error.py` reports it per layer). Per mixer layer:
 
 1. the knobs its class declares (`LinearMixer.start_knobs`: a decay half-life, a write strength) are chosen per head
    from a few candidates, one knob after the other, by how well the head's output, at its best scale, reproduces

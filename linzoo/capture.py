@@ -1,7 +1,7 @@
 """What a model's token mixers see and produce, from one forward pass with hooks: the one capture behind attention
 transfer (stage 1's teacher targets), the start fitted to a teacher (`linzoo.calibrate`), the init-error report
-(scripts/init_error.py) and the retrieval-heads eval. Teachers (Llama's attention) and students (softmax or linear
-mixers) alike: every decoder layer's `self_attn`."""
+(experiments/init_error/init_error.py) and the retrieval-heads eval. Teachers (Llama's attention) and students
+(softmax or linear mixers) alike: every decoder layer's `self_attn`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What belongs to the lent GPU and nothing else: staging (the project installed fresh, the caches unpacked, offline),
-# paths, and packing $OUT. The work itself is `linzoo zoo` (linzoo/zoo.py: the plan, runs in sequence or side by
-# side, the training deadline, resume, the report; linzoo/zoo_check.py: what it would fail on, checked first).
+# paths, and packing $OUT. The work itself is `linzoo zoo` (linzoo/zoo/: the plan, runs in sequence or side by
+# side, the training deadline, resume, the report; linzoo/zoo/check.py: what it would fail on, checked first).
 #
 #     . .dev/stage.sh && bash scripts/device_jobs.sh PHASE [PHASE...]   (phases run in order, one LIMIT for all)
 #
@@ -14,7 +14,7 @@
 # parity: scripts/gpu_parity.py (the fast kernels against torch, PARITY_ARGS). profile: scripts/profile_train_step.py
 #   (where a KD step's time goes, PROFILE_ARGS).
 #
-# The GPU image lacks fla, tilelang, lm-eval and more (linzoo/zoo_check.py's NEEDS names the wheels):
+# The GPU image lacks fla, tilelang, lm-eval and more (linzoo/zoo/check.py's NEEDS names the wheels):
 # `bash ../shared/device/prepare.sh` bundles them into .dev/b0..b3, one call each, and `.dev/stage.sh` installs them
 # and exports TEACHER_GGUF. The embedded text cache (.dev/lzcache), the five eval sets (.dev/eval) and caches too big
 # for one call (.dev/lzcache-*.tar.xz) travel in one more call; students, caches and the build stay in $WORK, so a

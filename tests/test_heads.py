@@ -153,9 +153,9 @@ def test_attn_layers_flag_errors(bad):
 
 
 def test_prose_layers_composes_the_fitted_start_of_any_softmax_set():
-    """scripts/prose_layers.py scores a softmax set by the fitted start `linzoo linearize` would build for it, made from
-    one fitted all-mixer student: the fit is per layer on the teacher's activations, so the two must be the same
-    model (and a set's layers must keep the teacher's attention)."""
+    """experiments/prose_layers/prose_layers.py scores a softmax set by the fitted start `linzoo linearize` would
+    build for it, made from one fitted all-mixer student: the fit is per layer on the teacher's activations, so the two
+    must be the same model (and a set's layers must keep the teacher's attention)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -3,7 +3,7 @@ value path through the short convolution is the teacher's, checkpoints from befo
 did, and the plain start (`reset_new_parameters`, no teacher) still stands. Tiny models on CPU.
 
 The per-layer error is stage 1's loss, teacher-forced (`linzoo.capture.mixer_io` and the trainer's `attention_transfer_loss`), as
-in scripts/init_error.py, which measures the same on the real teacher (results/init/).
+in experiments/init_error/init_error.py, which measures the same on the real teacher (results/init/).
 """
 
 import json

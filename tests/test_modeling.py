@@ -971,8 +971,8 @@ def test_fused_ops_plumbing(mixer, monkeypatch):
     """With `use_fused_ops` on, every RMSNorm, SwiGLU, short conv and the loss go through `kernels`' fla
     wrappers. Torch stand-ins with fla's documented semantics take the kernels' place: the model must give the
     torch path's logits, loss (mean, and summed over `num_items_in_batch`) and gradients, packed rows included.
-    (That fla's kernels meet those semantics: scripts/fused_ops_interpreter_check.py runs them on CPU through
-    Triton's interpreter; on the GPU, scripts/bench_speed.py's whole-model parity.)"""
+    (That fla's kernels meet those semantics: experiments/kernels_cpu/fused_ops_interpreter_check.py runs them on CPU
+    through Triton's interpreter; on the GPU, scripts/bench_speed.py's whole-model parity.)"""
     from linzoo.modeling import kernels, mixer_base, modeling_linzoo
 
     calls = {"norm": 0, "swiglu": 0, "conv": 0, "ce": 0}

@@ -66,8 +66,8 @@ def test_the_standard_error_is_none_where_the_teacher_is_near_chance():
 
 
 def test_above_chance_script_scores_results_made_before_chance_was_kept(eval_data_dir, tmp_path, capsys):
-    """scripts/above_chance.py on a quality.json without `chance` (as results/gpu/eval_H200's are): chance comes
-    from the same documents (arc_easy's all have 4 choices: 0.25), and other documents are refused."""
+    """experiments/above_chance/above_chance.py on a quality.json without `chance` (as results/gpu/eval_H200's are):
+    chance comes from the same documents (arc_easy's all have 4 choices: 0.25), and other documents are refused."""
     import above_chance
 
     tasks = {"arc_easy": (0.525, 0.8), "piqa": (0.5, 0.51)}  # (student, teacher) acc_norm on the first 50 documents

@@ -347,20 +347,31 @@ def test_clear_errors(tiny_teacher_dir, tiny_corpus, tmp_path, monkeypatch):
     assert (tmp_path / "d" / "stage1-attention-transfer" / "stage_done.json").is_file()  # earlier work kept
 
 
-def test_teacher_runs_in_the_students_mixed_precision(tiny_teacher_dir, tiny_corpus, tmp_path):
+def test_teacher_runs_in_the_students_mixed_precision(tiny_teacher_dir, tiny_corpus, tmp_path, monkeypatch):
     """With --bf16 the frozen teacher runs in bf16 like the student (accelerate autocasts only the student's
     forward; the teacher and the KD projections ran in fp32 before `mixed_precision`)."""
     from transformers.models.llama import modeling_llama
 
+    from linzoo import integrity
     from linzoo.trainers import linearize
 
     attention = modeling_llama.LlamaAttention
-    original, dtypes = attention.forward, set()
+    original, dtypes, probing = attention.forward, set(), []
 
     def recording(self, *args, **kwargs):
         out = original(self, *args, **kwargs)
-        dtypes.add(out[0].dtype)
+        if not probing:  # the loader's output probe runs the teacher as it loads it, in fp32
+            dtypes.add(out[0].dtype)
         return out
+
+    def probe(model, real=integrity.nonfinite_outputs):
+        probing.append(1)
+        try:
+            return real(model)
+        finally:
+            probing.pop()
+
+    monkeypatch.setattr(integrity, "nonfinite_outputs", probe)
 
     argv = _linearize_argv(tiny_teacher_dir, tiny_corpus, tmp_path / "bf16", tokens=256,
                            extra=("--stage_fractions", "0", "0", "1", "--bf16", "true", "--use_cpu", "true",

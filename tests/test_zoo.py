@@ -1,4 +1,4 @@
-"""`linzoo zoo` (linzoo/zoo.py): the plan and its estimate, a real tiny build killed and resumed, the report's writers
+"""`linzoo zoo` (linzoo/zoo/): the plan and its estimate, a real tiny build killed and resumed, the report's writers
 on hand-made results, and a bad zoo file's one-line errors."""
 
 import json
@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from linzoo import zoo, zoo_report
+from linzoo import zoo
+from linzoo.integrity import write_json
+from linzoo.zoo import report as zoo_report
 
 ESTIMATE = {"tokens_per_second": {"linearize": 60, "sft": 300, "distill-instruct": 150}, "start_seconds": 10,
             "eval_seconds": {"niah": 30}}
@@ -145,7 +147,7 @@ def test_a_killed_build_resumes_to_the_zoo_of_an_unkilled_one(tiny_teacher_dir, 
             pass
     log = "".join(seen)
     assert "[2/3] gated_deltanet/base: done in" in log and "est. left" in log, log
-    killed = zoo.read_state(out)["steps"]["gated_deltanet/instruct"]["train"]  # recorded as it started
+    killed = zoo.ZooState.read(out)["steps"]["gated_deltanet/instruct"]["train"]  # recorded as it started
     assert killed["rc"] is None and killed["argv"][0] == "sft" and "seconds" not in killed
     assert (base / "README.md").is_file() and not (instruct / "linzoo_training.json").exists()
     before = {p: p.read_bytes() for p in (base / "linzoo_training.json", base / "eval" / "niah.json")}
@@ -190,7 +192,7 @@ def test_a_killed_build_resumes_to_the_zoo_of_an_unkilled_one(tiny_teacher_dir, 
     assert (Path(f"{base}.replaced-1") / "linzoo_training.json").read_bytes() == before[base / "linzoo_training.json"]
     assert (Path(f"{instruct}.replaced-1") / "linzoo_training.json").is_file()  # kept, not deleted
     assert json.loads((base / "linzoo_training.json").read_text())["total_tokens"] == 640
-    assert zoo.replaced_rows(zoo.plan(zoo.read_zoo(config), out), zoo.read_state(out)) == []
+    assert zoo.replaced_rows(zoo.plan(zoo.read_zoo(config), out), zoo.ZooState.read(out)) == []
 
 
 def test_a_row_killed_mid_training_then_changed_in_the_zoo_file_is_replaced(tmp_path):
@@ -246,7 +248,7 @@ def test_the_deadline_stops_what_runs_and_says_so(tiny_teacher_dir, tiny_corpus,
     said = capsys.readouterr().out
     assert "teacher: eval niah started" in said
     assert "zoo: not finished: the deadline (--max-seconds) came with 3 steps left; run the same command again" in said
-    state = zoo.read_state(out)
+    state = zoo.ZooState.read(out)
     assert state["steps"] == {}  # a stopped command is no result, but its time is the build's
     assert [(r["step"], r["label"]) for r in state["stopped"]] == [("teacher", "eval niah")]
     assert 0 < state["stopped"][0]["seconds"] < 30
@@ -429,17 +431,17 @@ def test_a_build_read_from_another_folder_is_the_same_build(tmp_path, monkeypatc
     step.train.output.parent.mkdir(parents=True)
     step.train.output.write_text("{}")
     record = {"label": "train", "argv": step.train.argv, "rc": 0, "out": "runs/zoo", "cwd": str(clone)}
-    state = {"steps": {step.name: {"train": record}}}
-    assert zoo.is_done(step, step.train, state)
+    state = zoo.ZooState(steps={step.name: {"train": record}})
+    assert state.is_done(step, step.train)
     monkeypatch.chdir(elsewhere)
     there = zoo.plan(config, clone / "runs" / "zoo")[2]
-    assert there.train.argv != record["argv"] and zoo.is_done(there, there.train, state)
+    assert there.train.argv != record["argv"] and state.is_done(there, there.train)
     assert not zoo.replaced_rows(zoo.plan(config, clone / "runs" / "zoo"), state)
     # a record of another command line is not done; nor is one from before records kept their folder
-    assert not zoo.is_done(there, there.train, {"steps": {step.name: {"train": record | {
-        "argv": [w.replace("3000", "4000") for w in record["argv"]]}}}})
+    assert not zoo.ZooState({"steps": {step.name: {"train": record | {
+        "argv": [w.replace("3000", "4000") for w in record["argv"]]}}}}).is_done(there, there.train)
     old = {k: v for k, v in record.items() if k not in ("out", "cwd")}
-    assert not zoo.is_done(there, there.train, {"steps": {step.name: {"train": old}}})
+    assert not zoo.ZooState({"steps": {step.name: {"train": old}}}).is_done(there, there.train)
 
 @pytest.mark.parametrize("per_mixer, words", [
     ({"gla": {"tokens": 10}}, "variants.base.per_mixer: 'gla': not a mixer of this variant (gated_deltanet, mamba2)"),
@@ -585,7 +587,7 @@ def test_variants_of_some_mixers_and_the_training_deadline(tmp_path, capsys, mon
     build = zoo.Build(config, steps, out, jobs=1)
     flags = build.train_deadline(steps[1].train)
     assert flags[0] == "--max_wall_seconds" and 595 <= int(flags[1]) <= 600
-    assert zoo.read_state(out)["train_began"] == build.state["train_began"]  # on disk before anything ran
+    assert zoo.ZooState.read(out)["train_began"] == build.state["train_began"]  # on disk before anything ran
     assert build.train_deadline(steps[3].train) == []  # sft has no deadline flag: it runs to its end
     (key, began), = build.state["train_began"].items()  # per plan: another zoo file in the same --out has its own
     assert key == f"{path} --mixers gated_deltanet,mamba2"
@@ -597,13 +599,13 @@ def test_variants_of_some_mixers_and_the_training_deadline(tmp_path, capsys, mon
     assert build.state["steps"]["gated_deltanet/long"]["train"]["tokens"] == 1500  # not the 6000 planned
     del build.state["steps"]["gated_deltanet/long"]
     (steps[1].folder / "linzoo_training.json").unlink()
-    zoo.write_json(out / zoo.STATE_FILE, build.state)
+    write_json(out / zoo.STATE_FILE, build.state)
     assert zoo.main(["--config", str(path), "--out", str(out)]) == 1
     printed = capsys.readouterr().out
     assert "gated_deltanet/long: not trained: the zoo's train_seconds (600 s) are spent" in printed
     assert " started" not in printed and "zoo: FAILED: gated_deltanet/long, " in printed
     started = []  # under train_seconds the trainings start before any eval (the teacher's comes first in the plan)
-    monkeypatch.setattr(zoo.Build, "start_next", lambda self, task, index: started.append(task["name"]) and False)
+    monkeypatch.setattr(zoo.Build, "start_next", lambda self, task, index: started.append(task.name) and False)
     zoo.Build(config, steps, tmp_path / "order", jobs=2).run()
     assert started[:4] == ["gated_deltanet/long:train", "gated_deltanet/short:train", "mamba2/short:train",
                            "teacher:eval"]
@@ -620,7 +622,7 @@ def test_variants_of_some_mixers_and_the_training_deadline(tmp_path, capsys, mon
 def test_the_check_names_every_problem_before_anything_runs(tmp_path, capsys, monkeypatch):
     """`linzoo zoo --check`, and the start of every build: a training flag its command does not know, an eval flag,
     the quality eval's data, a teacher that is not there, one line each; the modules a plan needs on CUDA."""
-    from linzoo import zoo_check
+    from linzoo.zoo import check as zoo_check
 
     empty = tmp_path / "no-sets"
     empty.mkdir()
@@ -691,9 +693,9 @@ def test_the_queue_fires_the_first_build_not_done(tmp_path, capsys, monkeypatch)
         zoo.read_queue(queue)
     monkeypatch.chdir(Path(__file__).resolve().parents[1])
     assert zoo.read_queue(Path("recipes/135m/gpu-queue.txt"))[:6] == [
-        ("recipes/135m/la-gpu.yaml", []), ("recipes/135m/la-seed-gpu.yaml", []),
-        ("recipes/135m/prose-layers-gpu.yaml", ["--mixers", "gated_deltanet,kda,deltanet"]),
-        ("recipes/135m/prose-layers-gpu.yaml", ["--mixers", "gla,linear_attn,retnet"]),
+        ("recipes/135m/experiments/la-gpu.yaml", []), ("recipes/135m/experiments/la-seed-gpu.yaml", []),
+        ("recipes/135m/experiments/prose-layers-gpu.yaml", ["--mixers", "gated_deltanet,kda,deltanet"]),
+        ("recipes/135m/experiments/prose-layers-gpu.yaml", ["--mixers", "gla,linear_attn,retnet"]),
         ("recipes/135m/speed-gpu.yaml", []), ("recipes/135m/zoo-gpu.yaml", ["--mixers", "gated_deltanet,deltanet"])]
 
 
@@ -728,16 +730,21 @@ def test_zoo_results_counts_a_resumed_build_by_its_segments():
 
 
 def test_the_main_job_trains_the_zoo_files_gated_deltanet_base_row(tmp_path):
-    """scripts/main_job.sh's `linzoo linearize` is the CPU zoo's gated_deltanet/base row, flag for flag (order aside):
-    the README's main job shows the zoo's recipe, and a change to one that misses the other fails here."""
-    import shlex
-
+    """scripts/main_job.sh holds no training flag of its own: it runs the command `linzoo zoo --print-command` prints
+    for the CPU zoo's gated_deltanet/base row, in its own folder ($OUT) and on $TOKENS where set."""
     root = Path(__file__).resolve().parents[1]
-    script = (root / "scripts" / "main_job.sh").read_text().replace("\\\n", " ")
-    line = next(ln for ln in script.splitlines() if ln.startswith("linzoo linearize "))
-    words = shlex.split(line.replace('"${TOKENS:-20000}"', "20000").replace('"$OUT"', "OUT"))[2:]
+    script = (root / "scripts" / "main_job.sh").read_text()
+    assert not any(ln.startswith("linzoo linearize") for ln in script.splitlines())
+    assert not any(flag in script for flag in ("--stage_", "--window_size", "--attn_layers 5"))
+    bash = script[:script.index('"${TRAIN[@]}"')]  # up to the training, which it echoes instead
+    bash = bash[bash.index("ROW=$("):] + 'printf "%s\\n" "${TRAIN[@]}"\n'
     config = zoo.read_zoo(root / "recipes" / "135m" / "zoo-cpu.yaml")
-    row = next(s for s in zoo.plan(config, tmp_path / "runs") if s.name == "gated_deltanet/base")
-    groups = lambda argv: sorted(g for g in zoo._flag_groups(argv) if g[0] != "--output_dir")  # noqa: E731
-    assert groups(words) == groups(row.train.argv[1:])
-    assert row.train.argv[0] == "linearize"
+    row = next(s for s in zoo.plan(config, "runs/zoo") if s.name == "gated_deltanet/base")
+    for tokens in (None, "640"):
+        env = {**os.environ, "OUT": str(tmp_path / "main"), **({"TOKENS": tokens} if tokens else {})}
+        run = subprocess.run(["bash", "-euo", "pipefail", "-c", bash], cwd=root, env=env, capture_output=True,
+                             text=True, check=True)
+        expected = ["linzoo", *row.train.argv]
+        expected[expected.index("--output_dir") + 1] = str(tmp_path / "main")
+        expected[expected.index("--total_tokens") + 1] = tokens or str(row.train.tokens)
+        assert run.stdout.splitlines() == expected

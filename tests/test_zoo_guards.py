@@ -1,5 +1,5 @@
-"""The zoo guards its folder (linzoo/zoo.py, linzoo/zoo_check.py): one build at a time on an `--out`, a finished row
-skipped only once its weights pass their check, a variant named twice, an eval's own refusal of its flags seen by
+"""The zoo guards its folder (linzoo/zoo/): one build at a time on an `--out`, a finished row skipped only once its
+weights pass their check, a variant named twice, an eval's own refusal of its flags seen by
 `--check` and `--dry-run`, a damaged zoo_state.json. Each error is one line and exit code 2; nothing trains here."""
 
 import json
@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from linzoo import cli, zoo, zoo_check
+from linzoo import cli, zoo
+from linzoo.integrity import write_json
+from linzoo.zoo import check as zoo_check
 from test_zoo import ESTIMATE, _three_variants
 
 
@@ -92,7 +94,7 @@ def finished_zoo(tmp_path, monkeypatch):
     for step in steps[1:]:
         _finished(step, state)
     out.mkdir(exist_ok=True)
-    zoo.write_json(out / zoo.STATE_FILE, state)
+    write_json(out / zoo.STATE_FILE, state)
     built = []
     monkeypatch.setattr(zoo_check, "check_plan", lambda *args: [])
     monkeypatch.setattr(zoo.Build, "run", lambda self: built.append(self.state) or 0)
@@ -119,8 +121,8 @@ def test_a_corrupted_or_deleted_weights_file_rebuilds_its_row_and_the_rows_built
         assert f"zoo: {name}: moved to {steps[name].folder}.replaced-1" in said
         assert not steps[name].folder.exists() and name not in built[0]["steps"]
     assert (Path(f"{base.folder}.replaced-1") / "model.safetensors").read_bytes() == bytes(data)
-    assert list(zoo.read_state(out)["steps"]) == ["mamba2/base"]  # the one row that passes: done, skipped
-    assert zoo.is_done(steps["mamba2/base"], steps["mamba2/base"].train, built[0])
+    assert list(zoo.ZooState.read(out)["steps"]) == ["mamba2/base"]  # the one row that passes: done, skipped
+    assert built[0].is_done(steps["mamba2/base"], steps["mamba2/base"].train)
 
 
 def test_a_finished_row_whose_folder_is_gone_is_rebuilt_with_its_children(finished_zoo, capsys):
