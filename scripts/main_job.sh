@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's main job: linearize the embedded SmolLM2-135M-Instruct into a Gated DeltaNet student on a
 # CPU-sized budget, then a short NIAH + quality report (~8 min on 2 idle CPU cores, set-up included). Output: runs/main/.
-# For a real run use the GPU command in the README (tens of millions of tokens).
+# For a real run use the GPU command of docs/training.md (tens of millions of tokens).
 set -euo pipefail
 OUT=${OUT:-runs/main}
 # Zero-shot sets: $EVAL_DATA, else a checkout's ../shared/data/eval, else the Hub datasets -- checked before training,

@@ -41,7 +41,8 @@ def test_the_quickstart_skips_only_its_gpu_block():
     assert len(skipped) == 1 and 'pip install -e ".[gpu]"' in skipped[0] and "zoo-gpu.yaml" in skipped[0], skipped
     assert kinds.count(SERVER) == 1 and "linzoo space " in dict(blocks)[SERVER]
     ran = [body for info, body in blocks if info in RUN]
-    for needed in ("linzoo linearize ", "from_pretrained(", "linzoo eval niah ", "linzoo zoo --config recipes/135m/zoo-cpu.yaml"):
+    needs = ("linzoo linearize ", "from_pretrained(", "linzoo eval niah ", "linzoo zoo --config recipes/135m/zoo-cpu.yaml")
+    for needed in needs:
         assert any(needed in body for body in ran), f"no quickstart block that the test runs holds {needed!r}"
     zoo = next(body for body in ran if "linzoo zoo " in body)
     assert "--dry-run" in zoo, "the CPU zoo block builds for hours: the README shows its --dry-run"
@@ -171,5 +172,6 @@ def test_the_quickstart_runs_as_written(tmp_path):
     assert (tmp_path / student / "eval" / "teacher" / "niah.json").is_file()
     chat = next(i for i, (info, _) in enumerate(quickstart_blocks()) if info == "python")
     assert outputs[chat].strip(), "the chat block printed no answer"
+    print(f"chat: {outputs[chat].strip()!r}")
     plans = [out for out in outputs.values() if "total: est." in out]
     assert len(plans) == 2, "the CPU and GPU zoo plans were not both printed"
