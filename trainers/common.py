@@ -552,15 +552,19 @@ def train_resumed(trainer, resume):
 
 
 def check_supervised(trainer, args):
-    """Counts, before training, the answer tokens the trainer learns from (its prepared rows' labels that are not -100:
-    the completions, as cut to --max_seq_length). None, or answers in fewer rows than one batch, is a one-line
+    """Counts, before training, the answer tokens the trainer learns from (its prepared rows' labels that are not -100,
+    or those its collator makes of each row: the completions, as cut to --max_seq_length). None, or answers in fewer rows than one batch, is a one-line
     ValueError naming the flag that cut them; else a line says how many."""
     data = trainer.train_dataset
     column = next((c for c in ("labels", "completion_mask", "assistant_masks") if c in data.column_names), None)
-    if column is None:
-        return  # rows prepared at each step (on-policy distillation): nothing to count ahead
-    ignored = -100 if column == "labels" else 0
-    counts = [sum(v != ignored for v in row) for row in data[column]]
+    if column is not None:
+        ignored = -100 if column == "labels" else 0
+        counts = [sum(v != ignored for v in row) for row in data[column]]
+    else:  # rows the collator makes at each step (on-policy distillation's chats): its labels, made ahead
+        counts = []
+        for start in range(0, len(data), 64):
+            labels = trainer.data_collator([data[i] for i in range(start, min(start + 64, len(data)))])["labels"]
+            counts += (labels != -100).sum(dim=1).tolist()
     tokens, rows = sum(counts), sum(n > 0 for n in counts)
     if rows >= args.per_device_train_batch_size:
         print(f"linzoo: {tokens:,} answer tokens to learn from, in {rows:,} of {len(counts):,} rows")
