@@ -338,12 +338,12 @@ def _claim(out: Path, command: str, arguments: dict, overwrite: bool):
                              "--overwrite_output_dir true to start over, or pick another --output_dir.")
         else:
             old, new, unset = recorded["arguments"], arguments, "(unset)"
-            differ = [f"{k} {old.get(k, unset)!r} -> {new.get(k, unset)!r}"
-                      for k in dict.fromkeys([*old, *new]) if old.get(k, unset) != new.get(k, unset)]
+            changed = [k for k in dict.fromkeys([*old, *new]) if old.get(k, unset) != new.get(k, unset)]
+            differ = [f"{k} {old.get(k, unset)!r} -> {new.get(k, unset)!r}" for k in changed]
             if recorded["command"] != command:  # another command: not a list of its own fields
                 differ = [f"command {recorded['command']!r} -> {command!r}"]
-            changed = {k for k in dict.fromkeys([*old, *new]) if old.get(k, unset) != new.get(k, unset)}
-            if differ and recorded.get("diverged") and recorded["command"] == command and changed <= DIVERGENCE_FIXES:
+            if differ and recorded.get("diverged") and recorded["command"] == command \
+                    and set(changed) <= DIVERGENCE_FIXES:
                 print(f"linzoo: {out} holds a {command} run that diverged ({recorded['diverged']}); going on from its "
                       f"last good save (the start, where none was made) with {'; '.join(differ)}")
                 write_json(out / RUN_FILE, {"command": command, "arguments": arguments,
@@ -553,8 +553,8 @@ def train_resumed(trainer, resume):
 
 def check_supervised(trainer, args):
     """Counts, before training, the answer tokens the trainer learns from (its prepared rows' labels that are not -100,
-    or those its collator makes of each row: the completions, as cut to --max_seq_length). None, or answers in fewer rows than one batch, is a one-line
-    ValueError naming the flag that cut them; else a line says how many."""
+    or those its collator makes of each row: the completions, as cut to --max_seq_length). None, or answers in fewer
+    rows than one batch, is a one-line ValueError naming the flag that cut them; else a line says how many."""
     data = trainer.train_dataset
     column = next((c for c in ("labels", "completion_mask", "assistant_masks") if c in data.column_names), None)
     if column is not None:

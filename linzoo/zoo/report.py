@@ -89,13 +89,13 @@ def report_rows(zoo: Zoo, steps: list[Step], state: ZooState | dict, status_of=N
     """One dict per step: what it is, its state, its seconds, and each eval's headline numbers (None: not measured)."""
     from linzoo.evals.registry import get_eval
 
-    rows = []
+    rows, state = [], state if isinstance(state, ZooState) else ZooState(state)
     for s in steps:
         records = state["steps"].get(s.name, {})
         row = {"step": s.name, "mixer": s.mixer, "variant": s.variant,
                "parent": s.parent or ("teacher" if s.train else None), "folder": str(s.folder),
                "seconds": round(sum(r.get("seconds", 0) for r in records.values())),
-               "state": status_of(s) if status_of else "done" if all(ZooState(state).is_done(s, c) for c in s.commands)
+               "state": status_of(s) if status_of else "done" if all(state.is_done(s, c) for c in s.commands)
                else "to do", "evals": {}}
         row["training"] = training_headline(s.train.output) if s.train else None
         commands = {c.label: c for c in s.evals}  # a row runs the evals its variant gets (`variants`): by label
