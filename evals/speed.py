@@ -46,7 +46,8 @@ from .common import (EvalSpec, ModelArguments, check_out_dir, check_quantize, lo
 from linzoo.formatting import format_bytes
 
 SCHEMA = "linzoo.speed/v1"
-FIGURES = ("prefill_s", "decode_ms_per_token", "peak_memory_bytes", "state_bytes_per_sequence")  # each gets a ratio
+FIGURES = ("prefill_s", "decode_ms_per_token", "graph_decode_ms_per_token", "peak_memory_bytes",
+           "state_bytes_per_sequence")  # each gets a ratio
 BANDWIDTH_BYTES = {"cpu": 256 * 2**20, "cuda": 2**30}  # the copy that measures bandwidth: well past any cache
 DEFAULT_OUT = "outputs/speed"  # where the first student is not a folder (`embedded`, a .gguf, a Hub id)
 
@@ -188,6 +189,140 @@ def run_once(model, input_ids: torch.Tensor, decode_tokens: int) -> tuple[float,
     return prefill, (time.perf_counter() - start) / decode_tokens, cache_bytes
 
 
+class StaticDecoder:
+    """Greedy decoding of a transformers model (the teacher) with a `StaticCache`, one step captured as a CUDA graph
+    and replayed (on CPU the same static step runs eagerly): the teacher's side of graph decoding, beside a linear
+    student's `GraphedDecoder` (modeling/graph_decoding.py). `generate(n)` -> [B, n] greedy tokens after the prompt,
+    from the state just after it each time."""
+
+    def __init__(self, model, prompt_ids, max_new_tokens: int, graph: bool = True):
+        from transformers import StaticCache
+
+        batch, length = prompt_ids.shape
+        device = prompt_ids.device
+        self.model, self.length = model.eval(), length
+        self.cache = StaticCache(config=model.config, max_cache_len=length + max_new_tokens + 1)
+        with torch.no_grad():
+            out = model(input_ids=prompt_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1,
+                        cache_position=torch.arange(length, device=device))
+        self.first = out.logits[:, -1:].argmax(-1)
+        self.tokens = self.first.clone()
+        self.position = torch.full((1,), length, dtype=torch.long, device=device)
+        self.graph = None
+        if graph:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream), torch.no_grad():
+                for _ in range(2):  # warm-up outside the graph (its writes land past the prompt: overwritten later)
+                    self._step()
+            torch.cuda.current_stream().wait_stream(stream)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph), torch.no_grad():
+                self._step()
+
+    def _step(self):
+        logits = self.model(input_ids=self.tokens, past_key_values=self.cache, use_cache=True,
+                            cache_position=self.position, position_ids=self.position.expand(len(self.tokens), 1)).logits
+        self.tokens.copy_(logits[:, -1:].argmax(-1))
+        self.position.add_(1)
+
+    @torch.no_grad()
+    def generate(self, new_tokens: int) -> torch.Tensor:
+        self.tokens.copy_(self.first)
+        self.position.fill_(self.length)  # the cache past the prompt is rewritten step by step, so it need not be reset
+        for layer in getattr(self.cache, "layers", []):  # transformers >= 5.2x counts the cached tokens on the device
+            if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor):
+                layer.cumulative_length.fill_(self.length)
+        out = [self.first]
+        for _ in range(1, new_tokens):
+            self.graph.replay() if self.graph is not None else self._step()
+            out.append(self.tokens.clone())
+        return torch.cat(out, 1)
+
+
+def graph_decoder(model, prompt_ids, new_tokens: int):
+    """(a decoder whose `generate(n)` decodes greedily with one CUDA graph per step, None) for a pure linear student
+    (its remote code's `GraphedDecoder`) or a transformers model with a static cache (`StaticDecoder`); (None, why)
+    for a model whose cache grows (a hybrid student's softmax layers). Off CUDA the same static steps run eagerly."""
+    import importlib
+
+    graph = prompt_ids.device.type == "cuda"
+    if hasattr(model, "graph_decoding"):  # a linzoo student: its own bundle's decoder
+        if getattr(model.config, "attn_layers", None):
+            return None, "a hybrid's softmax layers keep a growing KV cache"
+        module = importlib.import_module(type(model).__module__.rsplit(".", 1)[0] + ".graph_decoding")
+        return module.GraphedDecoder(model, prompt_ids, graph=graph), None
+    return StaticDecoder(model, prompt_ids, new_tokens, graph=graph), None
+
+
+@torch.inference_mode(False)
+@torch.no_grad()
+def time_graph_decode(model, input_ids: torch.Tensor, decode_tokens: int) -> tuple[float | None, str | None]:
+    """(ms per decoding step of graph decoding after a prefill over `input_ids`, None), or (None, why not)."""
+    device = input_ids.device
+    decoder, why = graph_decoder(model, input_ids, decode_tokens + 1)
+    if decoder is None:
+        return None, why
+    decoder.generate(2)  # a replay before timing
+    _sync(device)
+    start = time.perf_counter()
+    decoder.generate(decode_tokens + 1)  # the first token comes from the prefill: decode_tokens steps
+    _sync(device)
+    del decoder
+    return 1e3 * (time.perf_counter() - start) / decode_tokens, None
+
+
+def out_of_memory(error: BaseException) -> bool:
+    return isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def largest_batch(models: dict, length: int, decode_tokens: int, seed: int = 0, device="cpu", start: int = 1,
+                  limit: int = 4096, graph: bool = False, progress=print) -> list[dict]:
+    """Per model, alone: the batch doubled from `start` until a prefill over `length` tokens and `decode_tokens`
+    steps on its cache run out of memory (or `limit` is reached); the largest that fit, with its prefill and decode
+    times and the decode throughput of the whole batch (tokens/s), also by graph decoding where `graph`."""
+    device = torch.device(device)
+    vocab = min(m.config.vocab_size for m in models.values())
+    out = []
+    for name, model in models.items():
+        best, batch, stop = None, start, f"the limit of {limit}"
+        while batch <= limit:
+            try:
+                ids = torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed)).to(device)
+                prefill, step, cache_bytes = run_once(model, ids, decode_tokens)
+                graph_ms, why = time_graph_decode(model, ids, decode_tokens) if graph else (None, "not asked")
+                best = {"model": name, "length": length, "batch": batch, "prefill_s": prefill,
+                        "decode_ms_per_token": 1e3 * step, "tokens_per_second": batch / step,
+                        "graph_decode_ms_per_token": graph_ms, "graph_decode_note": why,
+                        "graph_tokens_per_second": None if graph_ms is None else 1e3 * batch / graph_ms,
+                        "state_bytes_per_sequence": cache_bytes // batch}
+                progress(f"speed: largest batch at {length} tokens: {name} fits {batch} "
+                         f"({best['tokens_per_second']:.0f} tokens/s decoding)")
+            except (torch.OutOfMemoryError, RuntimeError) as error:
+                if not out_of_memory(error):
+                    raise
+                stop = f"out of memory at batch {batch}"
+                progress(f"speed: largest batch at {length} tokens: {name} runs out of memory at {batch}")
+                break
+            finally:
+                ids = None
+                _free(device)
+            batch *= 2
+        out.append({"model": name, "length": length, "stopped_by": stop, "largest": best})
+    teacher = out[0]["largest"]
+    for row in out:
+        best = row["largest"]
+        for key in ("tokens_per_second", "graph_tokens_per_second"):
+            row[f"{key}_ratio"] = (None if best is None or teacher is None else ratio(best[key], teacher[key]))
+    return out
+
+
 # --- the grid ------------------------------------------------------------------------------------------------------
 
 def predict_seconds(measured_cells: list[tuple[int, float]], length: int) -> float:
@@ -205,9 +340,9 @@ def ratio(value, reference):
 def add_ratios(rows: list[dict], teacher: str) -> None:
     """Each row's figures over the teacher's row of the same length and batch."""
     reference = {(r["length"], r["batch"]): r for r in rows if r["model"] == teacher}
-    for row in rows:
-        ref = reference[row["length"], row["batch"]]
-        row["ratios"] = {key: ratio(row[key], ref[key]) for key in FIGURES}
+    for row in rows:  # no teacher row where the teacher ran out of memory: no ratio
+        ref = reference.get((row["length"], row["batch"]), {})
+        row["ratios"] = {key: ratio(row.get(key), ref.get(key)) for key in FIGURES}
 
 
 def crossover(rows: list[dict], model: str, batch: int, figure: str) -> int | None:
@@ -221,8 +356,11 @@ def crossover(rows: list[dict], model: str, batch: int, figure: str) -> int | No
 
 
 def measure(models: dict, lengths: list[int], batch_sizes: list[int], decode_tokens: int = 32, repeats: int = 3,
-            max_seconds_per_cell: float = 120.0, seed: int = 0, device="cpu", progress=print) -> dict:
-    """The measured part of the linzoo.speed/v1 dict for `models` ({name: model}, the teacher first) on `device`."""
+            max_seconds_per_cell: float = 120.0, seed: int = 0, device="cpu", progress=print,
+            graph: bool = False) -> dict:
+    """The measured part of the linzoo.speed/v1 dict for `models` ({name: model}, the teacher first) on `device`.
+    With `graph`, each run also decodes by graph decoding (`graph_decoder`). A model that runs out of memory in a
+    cell is listed in `out_of_memory` and not run at that batch again (longer contexts need more)."""
     device = torch.device(device)
     names = list(models)
     vocab = min(m.config.vocab_size for m in models.values())
@@ -231,46 +369,65 @@ def measure(models: dict, lengths: list[int], batch_sizes: list[int], decode_tok
     progress(f"speed: memory bandwidth {bandwidth / 1e9:.1f} GB/s on {device}")
     for model in models.values():  # weights loaded by memory map become resident here, not in the first cell
         run_once(model, torch.zeros(1, 8, dtype=torch.long, device=device), 1)
-    rows, skipped = [], []
+    rows, skipped, oom = [], [], []
     for batch in batch_sizes:
         cells = {name: [] for name in names}  # (length, seconds of its warm-up and repeats)
         for length in lengths:
-            predicted = max(predict_seconds(cells[n], length) for n in names) if cells[names[0]] else 0.0
-            if skipped and skipped[-1]["batch"] == batch or predicted > max_seconds_per_cell:
+            live = [n for n in names if not any(o["model"] == n and o["batch"] == batch for o in oom)]
+            predicted = max(predict_seconds(cells[n], length) for n in live if cells[n]) if any(
+                cells[n] for n in live) else 0.0
+            if not live or skipped and skipped[-1]["batch"] == batch or predicted > max_seconds_per_cell:
                 skipped.append({"length": length, "batch": batch, "predicted_seconds": round(predicted, 1)})
                 progress(f"speed: skip {length} tokens x {batch} (a cell predicted {predicted:.0f} s > "
-                         f"{max_seconds_per_cell:g} s)")
+                         f"{max_seconds_per_cell:g} s)" if live else f"speed: skip {length} tokens x {batch} (every "
+                         "model ran out of memory at a shorter one)")
                 continue
             ids = torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed)).to(device)
-            spent, runs, peak = dict.fromkeys(names, 0.0), {n: [] for n in names}, {}
+            spent, runs, peak, graphs = dict.fromkeys(live, 0.0), {n: [] for n in live}, {}, {n: [] for n in live}
             for repeat in range(repeats + 1):  # the first, untimed, also measures the peak memory
-                for name in names:
+                for name in list(live):
                     start = time.perf_counter()
-                    if repeat == 0:
-                        with PeakMemory(device) as memory:
-                            _, _, cache_bytes = run_once(models[name], ids, decode_tokens)
-                        peak[name] = (memory.bytes, cache_bytes)
-                    else:
-                        runs[name].append(run_once(models[name], ids, decode_tokens))
-                        spent[name] += time.perf_counter() - start
-            for name in names:  # a cell's time from its timed runs: a warm-up may hold one-off compiles (Triton,
+                    try:
+                        if repeat == 0:
+                            with PeakMemory(device) as memory:
+                                _, _, cache_bytes = run_once(models[name], ids, decode_tokens)
+                            peak[name] = (memory.bytes, cache_bytes)
+                        else:
+                            runs[name].append(run_once(models[name], ids, decode_tokens))
+                            spent[name] += time.perf_counter() - start
+                        if graph:  # the warm-up's compiles and captures untimed as above
+                            graphs[name].append(time_graph_decode(models[name], ids, decode_tokens))
+                    except (torch.OutOfMemoryError, RuntimeError) as error:
+                        if not out_of_memory(error):
+                            raise
+                        oom.append({"model": name, "length": length, "batch": batch})
+                        live.remove(name)
+                        progress(f"speed: {name} runs out of memory at {length} tokens x {batch}")
+                    finally:
+                        _free(device) if device.type == "cuda" else None
+            for name in live:  # a cell's time from its timed runs: a warm-up may hold one-off compiles (Triton,
                 # torch.compile), which made a 1k-token H100 cell predict 688 s at 4k and skip every longer one
                 spent[name] *= (repeats + 1) / repeats
                 cells[name].append((length, spent[name]))
                 memory_bytes, cache_bytes = peak[name]
                 decode_ms = 1e3 * statistics.median(r[1] for r in runs[name])
                 floor = roofline_ms(params[name] + cache_bytes, bandwidth)
+                graph_ms = [g[0] for g in graphs[name][1:] if g[0] is not None]
                 rows.append({"model": name, "length": length, "batch": batch,
                              "prefill_s": statistics.median(r[0] for r in runs[name]),
                              "decode_ms_per_token": decode_ms, "peak_memory_bytes": memory_bytes,
+                             "graph_decode_ms_per_token": statistics.median(graph_ms) if graph_ms else None,
+                             "graph_decode_note": graphs[name][0][1] if graphs[name] else "not asked",
                              "state_bytes_per_sequence": cache_bytes // batch, "cache_bytes": cache_bytes,
                              "roofline_bytes_per_token": params[name] + cache_bytes, "roofline_ms_per_token": floor,
                              "roofline_fraction": floor / decode_ms, "cell_seconds": spent[name]})
             progress(f"speed: {length} tokens x {batch}: " + ", ".join(
-                f"{r['model']} {r['prefill_s']:.3f} s + {r['decode_ms_per_token']:.1f} ms/token"
-                for r in rows[-len(names):]))
+                f"{r['model']} {r['prefill_s']:.3f} s + {r['decode_ms_per_token']:.1f} ms/token" + (
+                    f" ({r['graph_decode_ms_per_token']:.2f} graphed)" if r["graph_decode_ms_per_token"] else "")
+                for r in rows if r["length"] == length and r["batch"] == batch))
     add_ratios(rows, names[0])
     return {"bandwidth_bytes_per_s": bandwidth, "parameter_bytes": params, "rows": rows, "skipped": skipped,
+            "out_of_memory": oom,
             "crossover": [{"model": name, "batch": batch, "prefill": crossover(rows, name, batch, "prefill_s"),
                            "decode": crossover(rows, name, batch, "decode_ms_per_token")}
                           for name in names[1:] for batch in batch_sizes]}
@@ -288,7 +445,8 @@ def device_name(device: torch.device) -> str:
 
 def run_speed(models: dict, lengths, batch_sizes, decode_tokens: int = 32, repeats: int = 3, threads: int = 2,
               max_seconds_per_cell: float = 120.0, seed: int = 0, device="cpu", dtype: str = "auto",
-              progress=print, quantize: str = "none") -> dict:
+              progress=print, quantize: str = "none", graph_decoding: bool = False, largest_batch_lengths="",
+              largest_batch_limit: int = 4096) -> dict:
     """The linzoo.speed/v1 dict for `models` ({name: model on `device`}, the teacher first), at `threads` torch
     threads (put back afterwards)."""
     lengths, batch_sizes = sorted(set(parse_list(lengths, int))), sorted(set(parse_list(batch_sizes, int)))
@@ -296,7 +454,11 @@ def run_speed(models: dict, lengths, batch_sizes, decode_tokens: int = 32, repea
     torch.set_num_threads(threads)
     try:
         results = measure(models, lengths, batch_sizes, decode_tokens, repeats, max_seconds_per_cell, seed, device,
-                          progress)
+                          progress, graph_decoding)
+        results["largest_batch"] = [row for length in sorted(set(parse_list(largest_batch_lengths, int)))
+                                    for row in largest_batch(models, length, decode_tokens, seed, device,
+                                                             max(batch_sizes), largest_batch_limit, graph_decoding,
+                                                             progress)]
     finally:
         torch.set_num_threads(before)
     load.append(os.getloadavg()[0])
@@ -307,7 +469,7 @@ def run_speed(models: dict, lengths, batch_sizes, decode_tokens: int = 32, repea
             "weights_sha256_by_model": hashes, "weights_sha256": hashes[list(models)[1]] if len(models) > 1 else None,
             "device": str(device),
             "device_name": device_name(torch.device(device)), "threads": threads, "dtype": dtype,
-            "quantize": quantize, "lengths": lengths, "batch_sizes": batch_sizes, "decode_tokens": decode_tokens, "repeats": repeats,
+            "quantize": quantize, "graph_decoding": graph_decoding, "lengths": lengths, "batch_sizes": batch_sizes, "decode_tokens": decode_tokens, "repeats": repeats,
             "max_seconds_per_cell": max_seconds_per_cell, "seed": seed,
             "load_average": load, **results}  # other processes' share of the CPUs: at or above --threads, suspect
 
@@ -364,6 +526,28 @@ def _times(value) -> str:
     return measured(value, "{:.2f}×")
 
 
+def _graphed(row: dict) -> str:
+    ms = row.get("graph_decode_ms_per_token")
+    return f"{ms:.2f} ms ({_times(row['ratios']['graph_decode_ms_per_token'])})" if ms else (
+        row.get("graph_decode_note") or "-")
+
+
+def describe_largest(results: dict) -> list[str]:
+    """A line per model and length of --largest_batch_lengths."""
+    lines = []
+    for row in results.get("largest_batch", []):
+        best = row["largest"]
+        if best is None:
+            lines.append(f"{row['model']} at {row['length']} tokens: no batch fits ({row['stopped_by']})")
+            continue
+        graphed = "" if best["graph_tokens_per_second"] is None else (
+            f"; graphed {best['graph_tokens_per_second']:,.0f} tokens/s ({_times(row['graph_tokens_per_second_ratio'])})")
+        lines.append(f"{row['model']} at {row['length']} tokens: largest batch {best['batch']} (stopped by "
+                     f"{row['stopped_by']}), decoding {best['tokens_per_second']:,.0f} tokens/s "
+                     f"({_times(row['tokens_per_second_ratio'])} the teacher's at its own largest batch){graphed}")
+    return lines
+
+
 def table_rows(results: dict) -> list[list[str]]:
     """[context, batch, model, prefill, decode, peak memory, state per sequence, roofline] as text: each figure with
     its ratio to the teacher."""
@@ -372,6 +556,7 @@ def table_rows(results: dict) -> list[list[str]]:
         x = r["ratios"]
         out.append([str(r["length"]), str(r["batch"]), r["model"], f"{r['prefill_s']:.3f} s ({_times(x['prefill_s'])})",
                     f"{r['decode_ms_per_token']:.1f} ms ({_times(x['decode_ms_per_token'])})",
+                    *([_graphed(r)] if results.get("graph_decoding") else []),
                     f"{format_bytes(r['peak_memory_bytes'])} ({_times(x['peak_memory_bytes'])})",
                     f"{format_bytes(r['state_bytes_per_sequence'])} ({_times(x['state_bytes_per_sequence'])})",
                     f"{r['roofline_ms_per_token']:.1f} ms ({r['roofline_fraction']:.0%})"])
@@ -395,12 +580,14 @@ CARD_SECTION = """### Speed
 
 Against {{ speed.teacher }} on {{ speed.device_name }} ({{ speed.device }}, {{ speed.threads }} threads, {{ speed.dtype }} weights{% if speed.quantize and speed.quantize != 'none' %}, every model's linear layers dynamically quantized to {{ speed.quantize }}{% endif %}): prefill of random tokens, then {{ speed.decode_tokens }} greedy tokens on the cache, median of {{ speed.repeats }} runs after a warm-up; memory bandwidth {{ bandwidth }} GB/s. Each figure is followed by its ratio to the teacher's (below 1: cheaper); decode is per step (a token for each sequence of the batch), its roofline the step's parameter and cache bytes over the bandwidth (and the share of it achieved).
 
-| context (tokens) | batch | model | prefill | decode / token | peak memory | state / sequence | roofline / token |
-|---|---|---|---|---|---|---|---|
+| context (tokens) | batch | model | prefill | decode / token |{% if speed.graph_decoding %} graph decode / token |{% endif %} peak memory | state / sequence | roofline / token |
+|---|---|---|---|---|{% if speed.graph_decoding %}---|{% endif %}---|---|---|
 {% for row in rows %}| {{ row | join(" | ") }} |
 {% endfor %}
 {% for line in crossover %}- {{ line }}
-{% endfor %}{% if skipped %}- Skipped (a cell predicted over {{ speed.max_seconds_per_cell }} s): {{ skipped }}
+{% endfor %}{% for line in largest %}- {{ line }}
+{% endfor %}{% if oom %}- Out of memory: {{ oom }}
+{% endif %}{% if skipped %}- Skipped (a cell predicted over {{ speed.max_seconds_per_cell }} s): {{ skipped }}
 {% endif %}"""
 
 
@@ -408,7 +595,9 @@ def card_section(data: dict | None, folder: Path, sub: str = "") -> str:  # no f
     if data is None:  # optional: a card without it says nothing rather than "not measured"
         return ""
     return render(CARD_SECTION, speed=data, rows=table_rows(data), crossover=describe_crossover(data),
-                  skipped=describe_skipped(data), bandwidth=f"{data['bandwidth_bytes_per_s'] / 1e9:.1f}")
+                  skipped=describe_skipped(data), largest=describe_largest(data),
+                  oom=", ".join(f"{o['model']} at {o['length']} x {o['batch']}" for o in data.get("out_of_memory", [])),
+                  bandwidth=f"{data['bandwidth_bytes_per_s'] / 1e9:.1f}")
 
 
 def space_row(data: dict) -> list:
@@ -462,6 +651,13 @@ class SpeedArguments:
     dtype: str = field(default=_MODEL_FIELDS["dtype"].default, metadata=_MODEL_FIELDS["dtype"].metadata)
     trust_remote_code: bool = field(default=False, metadata=_MODEL_FIELDS["trust_remote_code"].metadata)
     quantize: str = quantize_field("every model's alike, the teacher's too: what quantization pays")
+    graph_decoding: bool = field(default=False, metadata={
+        "help": "also decode with one CUDA graph per step (a pure student's `graph_decoding`, the teacher with a "
+                "static cache; hybrids cannot): the decode cost without Python's kernel launches"})
+    largest_batch_lengths: str = field(default="", metadata={
+        "help": "context lengths at which to double each model's batch (from the largest of --batch_sizes) until "
+                "it runs out of memory: the largest batch that fits and its decode tokens/s, comma-separated"})
+    largest_batch_limit: int = field(default=4096, metadata={"help": "the largest batch --largest_batch_lengths tries"})
 
     def __post_init__(self):  # all before any model loads
         if len(self.models) < 2:
@@ -473,8 +669,11 @@ class SpeedArguments:
         check_quantize(self.quantize, self.device, self.dtype)
         _positive("--lengths", self.lengths, int, "256,512,1024")
         _positive("--batch_sizes", self.batch_sizes, int, "1,8")
+        if self.largest_batch_lengths:
+            _positive("--largest_batch_lengths", self.largest_batch_lengths, int, "32768")
         for flag, value in (("--decode_tokens", self.decode_tokens), ("--repeats", self.repeats),
-                            ("--threads", self.threads), ("--max_seconds_per_cell", self.max_seconds_per_cell)):
+                            ("--threads", self.threads), ("--max_seconds_per_cell", self.max_seconds_per_cell),
+                            ("--largest_batch_limit", self.largest_batch_limit)):
             if value <= 0:
                 raise ValueError(f"{flag} {value}: give a positive number")
         if self.out is None:
@@ -495,7 +694,9 @@ def main(argv: list[str] | None = None) -> dict:
     for i, spec in enumerate(args.models):
         models[spec] = load_for_eval(spec, args.device, args.dtype, i == 0, args.trust_remote_code, args.quantize)[0]
     results = run_speed(models, args.lengths, args.batch_sizes, args.decode_tokens, args.repeats, args.threads,
-                        args.max_seconds_per_cell, args.seed, args.device, args.dtype, quantize=args.quantize)
+                        args.max_seconds_per_cell, args.seed, args.device, args.dtype, quantize=args.quantize,
+                        graph_decoding=args.graph_decoding, largest_batch_lengths=args.largest_batch_lengths,
+                        largest_batch_limit=args.largest_batch_limit)
     json_path, _ = save_speed(results, args.out)
     print(card_section(results, Path(args.out)), end="")
     print(f"load average {results['load_average'][0]:.2f} before, {results['load_average'][1]:.2f} after "

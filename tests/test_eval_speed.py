@@ -256,3 +256,74 @@ def test_int8_teacher_with_tied_head_survives_lm_evals_tie_weights(tiny_teacher_
     model.tie_weights()
     with torch.no_grad():
         assert model(torch.tensor([[1, 2, 3]])).logits.isfinite().all()
+
+
+def test_static_decoder_is_the_teachers_greedy_decoding(tiny_pair):
+    """The teacher's graph-decoding side (a static cache, the step run eagerly off CUDA) gives generate()'s greedy
+    tokens, and again from the prompt on a second call; the pure student's side is its own GraphedDecoder."""
+    teacher, pure, hybrid = tiny_pair
+    ids = torch.randint(1, 64, (2, 12), generator=torch.Generator().manual_seed(3))  # 0 is the padding id below
+    reference = teacher.generate(ids, max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)[:, 12:]
+    decoder = speed.StaticDecoder(teacher, ids, 7, graph=False)
+    assert torch.equal(decoder.generate(6), reference) and torch.equal(decoder.generate(6), reference)
+    student, why = speed.graph_decoder(pure, ids, 7)
+    assert why is None and type(student).__name__ == "GraphedDecoder"
+    assert torch.equal(student.generate(6), pure.generate(ids, max_new_tokens=6, do_sample=False, eos_token_id=None,
+                                                          pad_token_id=0)[:, 12:])
+    assert speed.graph_decoder(hybrid, ids, 7) == (None, "a hybrid's softmax layers keep a growing KV cache")
+
+
+def test_graph_decoding_column_and_ratio(tiny_pair, tmp_path):
+    teacher, pure, hybrid = tiny_pair
+    results = speed.run_speed({"teacher": teacher, "pure": pure, "hybrid": hybrid}, "16", "1", decode_tokens=2,
+                              repeats=1, threads=1, graph_decoding=True)
+    rows = {r["model"]: r for r in results["rows"]}
+    assert rows["teacher"]["graph_decode_ms_per_token"] > 0 and rows["pure"]["graph_decode_ms_per_token"] > 0
+    assert rows["pure"]["ratios"]["graph_decode_ms_per_token"] == pytest.approx(
+        rows["pure"]["graph_decode_ms_per_token"] / rows["teacher"]["graph_decode_ms_per_token"])
+    assert rows["hybrid"]["graph_decode_ms_per_token"] is None
+    section = speed.card_section(results, tmp_path)
+    assert "| graph decode / token |" in section and "keep a growing KV cache" in section
+
+
+def _oom_above(monkeypatch, limits: dict):
+    """run_once raises CUDA's out-of-memory error where batch x length exceeds the model's limit in `limits`."""
+    real = speed.run_once
+
+    def run_once(model, input_ids, decode_tokens):
+        if input_ids.numel() > limits.get(id(model), float("inf")):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(model, input_ids, decode_tokens)
+    monkeypatch.setattr(speed, "run_once", run_once)
+
+
+def test_largest_batch_doubles_until_out_of_memory(tiny_pair, monkeypatch):
+    teacher, pure, _ = tiny_pair
+    _oom_above(monkeypatch, {id(teacher): 4 * 16, id(pure): 16 * 16})
+    rows = speed.largest_batch({"teacher": teacher, "pure": pure}, 16, 2, start=2, limit=64, progress=lambda _: None)
+    by = {r["model"]: r for r in rows}
+    assert by["teacher"]["largest"]["batch"] == 4 and by["teacher"]["stopped_by"] == "out of memory at batch 8"
+    assert by["pure"]["largest"]["batch"] == 16 and by["pure"]["stopped_by"] == "out of memory at batch 32"
+    assert by["pure"]["tokens_per_second_ratio"] == pytest.approx(
+        by["pure"]["largest"]["tokens_per_second"] / by["teacher"]["largest"]["tokens_per_second"])
+    _oom_above(monkeypatch, {id(teacher): 0})
+    rows = speed.largest_batch({"teacher": teacher, "pure": pure}, 16, 2, start=2, limit=4, progress=lambda _: None)
+    assert rows[0]["largest"] is None and rows[1]["stopped_by"] == "the limit of 4"
+    assert rows[1]["tokens_per_second_ratio"] is None
+
+
+def test_a_model_out_of_memory_leaves_the_others_measured(tiny_pair, monkeypatch, tmp_path):
+    """A cell where one model runs out of memory: the others' rows stay, that model is not run at that batch again,
+    and the card lists it; a student's row without the teacher's has no ratios."""
+    teacher, pure, _ = tiny_pair
+    _oom_above(monkeypatch, {id(teacher): 2 * 16 - 1})
+    results = speed.run_speed({"teacher": teacher, "pure": pure}, "16,24", "1,2", decode_tokens=2, repeats=1,
+                              threads=1)
+    assert results["out_of_memory"] == [{"model": "teacher", "length": 16, "batch": 2}]
+    cells = {(r["model"], r["length"], r["batch"]) for r in results["rows"]}
+    assert cells == {("teacher", 16, 1), ("teacher", 24, 1), ("pure", 16, 1), ("pure", 24, 1), ("pure", 16, 2),
+                     ("pure", 24, 2)}
+    row = next(r for r in results["rows"] if r["model"] == "pure" and r["batch"] == 2)
+    assert row["ratios"]["prefill_s"] is None
+    speed.save_speed(results, tmp_path)
+    assert "- Out of memory: teacher at 16 x 2" in speed.card_section(results, tmp_path)
