@@ -25,6 +25,7 @@ COMMANDS = {
     "push": ("linzoo.hub_cards.push", "upload one checkpoint to the Hub"),
     "push-zoo": ("linzoo.hub_cards.push_zoo", "upload the zoo (every mixer x base/instruct/instruct-distilled), its Space and collection (dry run by default)"),
     "space": ("linzoo.spaces.niah.app", "run the NIAH Gradio Space locally"),
+    "carry": ("linzoo.zoo.carry", "carry a zoo build's students between machines as the tensors training changed (pack / unpack)"),
     "zoo": ("linzoo.zoo.run", "build the zoo: every mixer as base, instruct and instruct-distilled, each evaluated beside the teacher"),
 }
 DEBUG_FLAG = "--debug"  # exactly this word; `--debug=...` still reaches TrainingArguments' own --debug option

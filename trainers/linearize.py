@@ -176,7 +176,7 @@ def attn_layers_choice(out: Path, args, layers) -> dict | None:
 
 
 def linearize_run(args: LinearizeConfig):
-    with run_folder(args, "linearize", run_arguments(args), {"teacher": args.teacher}):
+    with run_folder(args, "linearize", run_arguments(args), {"teacher": args.teacher, "init_student": args.init_student}):
         return _linearize(args)
 
 
@@ -203,7 +203,13 @@ def _linearize(args: LinearizeConfig):
     text = with_repeats(load_text_dataset(args.dataset, split="train"), args.repeat_every, args.seed)
     if args.chat_fraction > 0:
         text = with_chats(text, load_chat_dataset(args.chat_dataset, split="train"), tokenizer, args.chat_fraction, args.seed)
-    dataset = pack_dataset(text, tokenizer, args.max_seq_length, max_tokens=args.total_tokens)
+    offset_rows = args.data_offset_tokens // args.max_seq_length
+    dataset = pack_dataset(text, tokenizer, args.max_seq_length, max_tokens=args.data_offset_tokens + args.total_tokens)
+    if offset_rows:
+        if len(dataset) <= offset_rows:
+            raise ValueError(f"--data_offset_tokens {args.data_offset_tokens:,}: the text ({args.dataset}) has only "
+                             f"{len(dataset) * args.max_seq_length:,} tokens: lower it, or give more text")
+        dataset = dataset.select(range(offset_rows, len(dataset)))
     check_epochs(args, sum(steps_for_tokens(n, args, args.max_seq_length)[0] for n in args.stage_tokens() if n),
                  len(dataset))
     summaries, student, last = [], None, finished_stage(out)
@@ -228,6 +234,10 @@ def _linearize(args: LinearizeConfig):
                     remove_checkpoints(stage_dir)  # what a kill right after the stage's save left
             summaries.append(json.loads((stage_dir / DONE_FILE).read_text()))
             continue
+        if student is None and args.init_student is not None:
+            student = load_model(args.init_student)[0].float().to(args.device)
+            print(f"linzoo: training {args.init_student} further ({student.config.mixer}, softmax layers "
+                  f"{list(student.config.attn_layers) or 'none'})")
         if student is None:
             set_seed(args.seed)  # the new parameters' initialisation, like the Trainer's own randomness, follows --seed
             calibration = calibration_ids(text, tokenizer, args.calibration_tokens,
@@ -253,6 +263,7 @@ def _linearize(args: LinearizeConfig):
         "stage_trainable": args.stage_trainable, "kd_temperature": args.kd_temperature, "kd_alpha": args.kd_alpha,
         "calibration_tokens": args.calibration_tokens,
         "repeat_every": args.repeat_every, "chat_fraction": args.chat_fraction,
+        "init_student": args.init_student, "data_offset_tokens": args.data_offset_tokens,
         "chat_dataset": args.chat_dataset if args.chat_fraction > 0 else None,
         "tokens": {s["stage"]: s["tokens"] for s in summaries}, "stages": summaries,
         "new_parameters": sorted({name.split(".self_attn.")[1] for name in fresh_parameters(student)}),

@@ -78,6 +78,18 @@ class LinearizeConfig(RunArguments, SFTConfig, KDArguments):
         metadata={"help": "Exact softmax over the last N tokens beside the linear state in every linear layer (the "
                           "config's window_size; typical 64-256). 0: off."},
     )
+    init_student: str | None = field(
+        default=None,
+        metadata={"help": "Train this student further (a linearize run's folder) instead of linearizing the teacher: "
+                          "its mixer, layers and weights; the stages then run on it, each with a fresh optimizer and "
+                          "schedule (typically --stage_fractions 0 0 1). A zoo's linearize row with a parent passes "
+                          "the parent's folder here."},
+    )
+    data_offset_tokens: int = field(
+        default=0,
+        metadata={"help": "Skip this many tokens of the packed training text first: a student trained further sees "
+                          "text it has not seen (its parent's tokens)."},
+    )
     # Defaults for a linearization run (overridable like any TrainingArguments field).
     report_to: list[str] | str | None = field(default="none", metadata={"help": "Trackers (e.g. wandb) or 'none'."})
     logging_steps: float = field(default=10, metadata={"help": "Log every N steps."})
@@ -90,7 +102,7 @@ class LinearizeConfig(RunArguments, SFTConfig, KDArguments):
     )
 
     LIMITS = {"attn_layers": {"unique": True}, "window_size": {"min": 0}, "calibration_tokens": {"min": 0},
-              "max_wall_seconds": {"min": 0}, "repeat_every": {"min": 0}, "total_tokens": {"min": 1},
+              "max_wall_seconds": {"min": 0}, "repeat_every": {"min": 0}, "data_offset_tokens": {"min": 0}, "total_tokens": {"min": 1},
               "max_seq_length": {"min": 1}, "stage_fractions": {"min": 0}, "stage_learning_rates": {"min": 0}}
 
     def __post_init__(self):
@@ -123,6 +135,8 @@ class LinearizeConfig(RunArguments, SFTConfig, KDArguments):
         if self.total_tokens <= 0 or self.max_seq_length <= 0:
             raise ValueError("total_tokens and max_seq_length must be positive.")
         self.check_kd()
+        if self.init_student is not None:
+            self.check_init_student()
         layers, self.auto_attn_layers = parse_attn_layers(self.attn_layers)
         self.attn_layers = [f"auto:{self.auto_attn_layers}"] if self.auto_attn_layers else layers  # as the run records it
         if self.output_dir is None:
@@ -132,6 +146,23 @@ class LinearizeConfig(RunArguments, SFTConfig, KDArguments):
         default_bf16(self)
         self.check_run()
         super().__post_init__()
+
+    def check_init_student(self):
+        """--init_student: a student folder of this --mixer, whose layout the run does not also choose."""
+        from linzoo.loading import read_config
+
+        if self.attn_layers or self.window_size:
+            raise ValueError(f"--init_student {self.init_student}: the student keeps its own layers and window; drop "
+                             "--attn_layers and --window_size")
+        if not Path(self.init_student).expanduser().is_dir():
+            return  # a zoo's parent row, not trained yet (`linzoo zoo --check`); a wrong path fails as it loads
+        config = read_config(self.init_student)
+        if config.get("model_type") != "linzoo":
+            raise ValueError(f"--init_student {self.init_student}: not a linzoo student (its config.json has model_type "
+                             f"{config.get('model_type')!r}): give a linearize run's folder")
+        if config.get("mixer") != self.mixer:
+            raise ValueError(f"--init_student {self.init_student} is a {config.get('mixer')} student: pass --mixer "
+                             f"{config.get('mixer')}")
 
     def stage_tokens(self):
         total = sum(self.stage_fractions)

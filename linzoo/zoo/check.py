@@ -13,7 +13,7 @@ from pathlib import Path
 
 from linzoo.integrity import write_json
 
-from .model import TEACHER_FLAGS, Zoo, choose_mixers, read_zoo
+from .model import TEACHER_FLAGS, Zoo, choose_mixers, choose_variants, read_zoo
 from .plan import Step, plan
 
 # What a plan imports beyond linzoo's own dependencies, and the wheels that carry it (a lent machine's image lacks
@@ -172,21 +172,23 @@ def eval_refusals(zoo: Zoo, steps: list[Step], parsed: dict, tmp: Path, cuda: bo
     return refusals
 
 
-def check_plan(config: str, mixers: str | None, out: str) -> list[str]:
+def check_plan(config: str, mixers: str | None, out: str, variants: str | None = None) -> list[str]:
     """`check` of a zoo file's plan (`--mixers` as the command line gives them), in a process of its own: the
     trainers' argument classes ask CUDA about bf16, and the zoo's own process, which lives through the build, should
     not hold a CUDA context on the card its commands share."""
     import multiprocessing
 
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(_check_plan, (config, mixers, out))
+        return pool.apply(_check_plan, (config, mixers, out, variants))
 
 
-def _check_plan(config: str, mixers: str | None, out: str) -> list[str]:
+def _check_plan(config: str, mixers: str | None, out: str, variants: str | None = None) -> list[str]:
 
     zoo = read_zoo(config)
     if mixers is not None:
         choose_mixers(zoo, mixers)
+    if variants is not None:
+        choose_variants(zoo, variants)
     return check(zoo, plan(zoo, out))
 
 

@@ -11,6 +11,8 @@ would keep the last of without a word, is a one-line error naming the key):
     variants:                             # <out>/<mixer>/<variant>, in this order (parents first)
       base:     {command: linearize, tokens: 20000, flags: [--window_size, "64"]}
       instruct: {command: sft, parent: base, tokens: 20000, flags: [--dataset, embedded]}
+      more:     {command: linearize, parent: base, tokens: 40000, flags: [--stage_fractions, "0", "0", "1",
+                 --data_offset_tokens, "20000"]}  # a linearize row with a parent trains its student further
       long:     {command: linearize, tokens: 90000, mixers: [MIXER, ...]}   # some mixers only (a variant with a
                                                                              # parent: the parent's, unless it says)
       base2:    {command: linearize, tokens: 20000, flags: [--stage_fractions, "1", "0", "0"],
@@ -39,7 +41,9 @@ from pathlib import Path
 
 # command -> the flags the zoo sets for a row: (teacher, mixer, parent folder) -> flags
 COMMANDS = {
-    "linearize": lambda teacher, mixer, parent: ["--teacher", teacher, "--mixer", mixer],
+    # a linearize row with a parent trains the parent's student further (a token ladder: 10M -> 30M -> 100M)
+    "linearize": lambda teacher, mixer, parent: ["--teacher", teacher, "--mixer", mixer] + (
+        ["--init_student", parent] if parent else []),
     "sft": lambda teacher, mixer, parent: ["--model_name_or_path", parent],
     "distill-instruct": lambda teacher, mixer, parent: ["--model_name_or_path", parent, "--teacher", teacher],
 }
@@ -60,7 +64,7 @@ def model_flags(eval_name: str, teacher: str, model: str) -> list[str]:
     return MODEL_FLAGS[eval_name](teacher, model) if eval_name in MODEL_FLAGS else ["--model", model]
 
 
-OWNED = {"--teacher", "--mixer", "--model_name_or_path", "--total_tokens", "--output_dir", "--model", "--models",
+OWNED = {"--teacher", "--mixer", "--model_name_or_path", "--init_student", "--total_tokens", "--output_dir", "--model", "--models",
          "--out", "--teacher_results"}
 
 
@@ -363,10 +367,8 @@ def read_zoo(path) -> Zoo:
             raise ValueError(f"{where}.command: {v.get('command')!r}: unknown command "
                              f"(known: {', '.join(COMMANDS)})")
         parent = v.get("parent")
-        if (parent is None) != (v["command"] == "linearize"):
-            why = ("linearize starts from the teacher: no parent" if parent
-                   else f"{v['command']} trains a student further: name its parent variant")
-            raise ValueError(f"{where}.parent: {why}")
+        if parent is None and v["command"] != "linearize":
+            raise ValueError(f"{where}.parent: {v['command']} trains a student further: name its parent variant")
         if "tokens" not in v:
             raise ValueError(f"{where}.tokens: missing (the budget, --total_tokens)")
         only = v.get("mixers")
@@ -524,3 +526,18 @@ def choose_mixers(zoo: Zoo, names: str):
     if unknown or not chosen:
         raise ValueError(f"--mixers {names}: name mixers of {zoo.path} ({', '.join(zoo.mixers)})")
     zoo.mixers = [m for m in zoo.mixers if m in chosen]
+
+
+def choose_variants(zoo: Zoo, names: str):
+    """`--variants a,b`: the zoo's rows of these variants only, with the variants they are trained from (the teacher's
+    row stays): a part of a build that fits one machine's time, the rest built later from what it carried."""
+    chosen = [v.strip() for v in names.split(",") if v.strip()]
+    unknown = [v for v in chosen if v not in zoo.variants]
+    if unknown or not chosen:
+        raise ValueError(f"--variants {names}: name variants of {zoo.path} ({', '.join(zoo.variants)})")
+    keep = set()
+    for name in chosen:
+        while name is not None and name not in keep:
+            keep.add(name)
+            name = zoo.variants[name].parent
+    zoo.variants = {k: v for k, v in zoo.variants.items() if k in keep}

@@ -29,7 +29,7 @@ from typing import IO
 from linzoo.integrity import read_json
 
 from . import check  # `check.check_plan` looked up at each call: a test may stand in for it
-from .model import DEADLINE_FLAGS, MIN_TRAIN_SECONDS, Zoo, _number, choose_mixers, queue_builds, read_zoo
+from .model import DEADLINE_FLAGS, MIN_TRAIN_SECONDS, Zoo, _number, choose_mixers, choose_variants, queue_builds, read_zoo
 from .plan import (Command, Step, Task, ZooState, _where, command_seconds, duration, makespan, move_aside, plan,
                    plan_lines, rebuild_broken, replaced_rows, same_command, tasks_of, trained_tokens)
 from .report import machine, write_report
@@ -378,6 +378,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, help="steps side by side (default: the zoo file's jobs)")
     parser.add_argument("--mixers", help="build only these of the zoo file's mixers (comma-separated), with the "
                                          "teacher: a part of the zoo that fits one lease")
+    parser.add_argument("--variants", help="build only these of the zoo file's variants (comma-separated), with the "
+                                           "variants they are trained from: a part of a build (e.g. the first step "
+                                           "of a token ladder), the rest later in the same --out")
     parser.add_argument("--max-seconds", type=float, default=0.0,
                         help="stop every running command at this deadline (the next call resumes); 0: none")
     parser.add_argument("--rebuild-changed", action="store_true",
@@ -405,6 +408,8 @@ def main(argv: list[str] | None = None) -> int:
         zoo.jobs = int(_number(args.jobs, "--jobs", integer=True))
     if args.mixers is not None:
         choose_mixers(zoo, args.mixers)
+    if args.variants is not None:
+        choose_variants(zoo, args.variants)
     if args.max_seconds < 0 or not math.isfinite(args.max_seconds):
         raise ValueError(f"--max-seconds {args.max_seconds}: give a number of seconds >= 0 (0: no deadline)")
     steps = plan(zoo, args.out)
@@ -432,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             for step, why in replaced:
                 say(f"zoo: {step.name}: {why}: built again with --rebuild-changed")
-        problems = check.check_plan(args.config, args.mixers, args.out)
+        problems = check.check_plan(args.config, args.mixers, args.out, args.variants)
         for line in problems:
             say(f"zoo: check: {line}")
         if problems or args.check:
