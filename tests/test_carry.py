@@ -190,3 +190,13 @@ def test_variants_keep_their_ancestors(built):
     assert list(zoo.variants) == ["first"]
     with pytest.raises(ValueError, match="--variants base: name variants of"):
         model.choose_variants(zoo, "base")
+
+
+def test_one_stage_trainable_word_sets_all_three(tmp_path):
+    from linzoo.trainers.common import parse_config
+    from linzoo.trainers.linearize_config import LinearizeConfig
+
+    (args,) = parse_config(LinearizeConfig, ["--stage_trainable", "mixers", "--output_dir", str(tmp_path / "o")])
+    assert args.stage_trainable == ["mixers"] * 3
+    with pytest.raises(ValueError, match="stage_trainable must be one or three of 'mixers'/'all'"):
+        parse_config(LinearizeConfig, ["--stage_trainable", "mixers", "all", "--output_dir", str(tmp_path / "o")])

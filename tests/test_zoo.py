@@ -568,6 +568,23 @@ def test_side_by_side_commands_share_the_cores():
     assert zoo.job_env(2, {"OMP_NUM_THREADS": "2"}, cores=2) == {"OMP_NUM_THREADS": "2"}
 
 
+def test_a_zoo_files_threads_hold_on_any_machine(tmp_path):
+    """`threads:` fixes every command's threads whatever the cores, jobs or caller's setting (a CPU build's last bits
+    depend on them); a count below 1 is refused in the file's words."""
+    assert zoo.job_env(2, {"OMP_NUM_THREADS": "4"}, cores=16, threads=1) == {"OMP_NUM_THREADS": "1"}
+    assert zoo.job_env(1, {}, cores=2, threads=2) == {"OMP_NUM_THREADS": "2"}
+    base = {"teacher": "embedded", "mixers": ["gla"], "variants": {"base": {"command": "linearize", "tokens": 100}},
+            "estimate": {"tokens_per_second": {"linearize": 100}, "start_seconds": 5}}
+    path = tmp_path / "z.yaml"
+    path.write_text(yaml.safe_dump({**base, "threads": 1}))
+    assert zoo.read_zoo(path).threads == 1
+    path.write_text(yaml.safe_dump(base))
+    assert zoo.read_zoo(path).threads is None
+    path.write_text(yaml.safe_dump({**base, "threads": 0}))
+    with pytest.raises(ValueError, match=r"z.yaml: threads: give a positive whole number, not 0"):
+        zoo.read_zoo(path)
+
+
 # --- the campaign runner's parts, now the zoo's: variants of some mixers, a training deadline, the check, the queue
 
 

@@ -58,7 +58,7 @@ class LinearizeConfig(RunArguments, SFTConfig, KDArguments):
     stage_trainable: list[str] = field(
         default_factory=lambda: ["mixers", "all", "all"],
         metadata={"help": "What each stage trains: 'mixers' (the token mixers only; the teacher's other weights stay "
-                          "frozen) or 'all'."},
+                          "frozen) or 'all'; one word for all three stages."},
     )
     kernel_backend: str = field(default="auto", metadata={"help": "'auto', 'fast' (fla kernels) or 'torch'.",
                                                           "choices": ("auto", "fast", "torch")})
@@ -116,8 +116,10 @@ class LinearizeConfig(RunArguments, SFTConfig, KDArguments):
             raise ValueError(f"stage_fractions must be three non-negative numbers, got {self.stage_fractions}.")
         if len(self.stage_learning_rates) != 3:
             raise ValueError(f"stage_learning_rates must be three numbers, got {self.stage_learning_rates}.")
+        if len(self.stage_trainable) == 1:  # one word for all three stages
+            self.stage_trainable = self.stage_trainable * 3
         if len(self.stage_trainable) != 3 or set(self.stage_trainable) - {"mixers", "all"}:
-            raise ValueError(f"stage_trainable must be three of 'mixers'/'all', got {self.stage_trainable}.")
+            raise ValueError(f"stage_trainable must be one or three of 'mixers'/'all', got {self.stage_trainable}.")
         if not 0 <= self.chat_fraction < 1:
             raise ValueError(f"chat_fraction must lie in [0, 1), got {self.chat_fraction}.")
         if self.window_size < 0:

@@ -7,6 +7,8 @@ would keep the last of without a word, is a one-line error naming the key):
     teacher: embedded                     # what linearize and distill-instruct learn from, evaluated once
     mixers: all                           # every mixer of the registry, or a list of names
     jobs: 1                               # steps side by side (--jobs overrides)
+    threads: 1                            # optional: each command's torch threads (default: the cores over jobs);
+                                          # a CPU build gives the same numbers bit for bit only at the same threads
     train_seconds: 540                    # optional: every training ends by then (from the build's first training)
     variants:                             # <out>/<mixer>/<variant>, in this order (parents first)
       base:     {command: linearize, tokens: 20000, flags: [--window_size, "64"]}
@@ -68,7 +70,7 @@ OWNED = {"--teacher", "--mixer", "--model_name_or_path", "--init_student", "--to
          "--out", "--teacher_results"}
 
 
-TOP_KEYS = {"teacher", "mixers", "jobs", "variants", "evals", "estimate", "targets", "train_seconds", "defaults",
+TOP_KEYS = {"teacher", "mixers", "jobs", "threads", "variants", "evals", "estimate", "targets", "train_seconds", "defaults",
             "include"}
 INCLUDE_KEYS = {"file", "variants"}
 
@@ -137,6 +139,7 @@ class Zoo:
     estimate: dict
     targets: dict = field(default_factory=dict)
     train_seconds: float | None = None  # every training ends by then, counted from the build's first training start
+    threads: int | None = None  # each command's torch threads; None: the machine's cores over `jobs`
 
 
 def _flags(value, where) -> list[str]:
@@ -448,7 +451,8 @@ def read_zoo(path) -> Zoo:
     if train_seconds is not None and train_seconds < MIN_TRAIN_SECONDS:
         raise ValueError(f"{at('train_seconds')}: {train_seconds:g}: a training needs at least {MIN_TRAIN_SECONDS} s "
                          "to start")
-    return Zoo(str(path), teacher, mixers, jobs, ordered, evals, estimate, targets, train_seconds)
+    threads = _number(raw["threads"], at("threads"), integer=True) if "threads" in raw else None
+    return Zoo(str(path), teacher, mixers, jobs, ordered, evals, estimate, targets, train_seconds, threads)
 
 
 def mixers_of(variant: Variant, mixers: list[str]) -> list[str]:

@@ -38,12 +38,17 @@ from .report import machine, write_report
 LOCK_FILE = ".zoo.lock"  # <out>'s: held by the build (or --report-only) writing it
 
 
-def job_env(jobs: int, environ=None, cores: int | None = None) -> dict:
-    """The environment of each command: with `jobs` side by side, each gets its share of the cores as its threads
-    (OMP_NUM_THREADS, which torch reads), unless the caller set that itself. On a 2-core machine a training run beside
-    an eval, both with torch's default of a thread per core, trained at 15 tokens/s against ~200 alone."""
+def job_env(jobs: int, environ=None, cores: int | None = None, threads: int | None = None) -> dict:
+    """The environment of each command: the zoo file's `threads` where it gives them; else, with `jobs` side by side,
+    each gets its share of the cores as its threads (OMP_NUM_THREADS, which torch reads), unless the caller set that
+    itself. On a 2-core machine a training run beside an eval, both with torch's default of a thread per core, trained
+    at 15 tokens/s against ~200 alone. The thread count decides how a CPU's matrix products split their sums, so the
+    last bits of every result: the same command at 1 and 2 threads trained different weights (a DeltaNet student,
+    4,096 tokens: 225 of 392 tensors differ, by up to 6e-5), at the same threads the same bits."""
     env = dict(os.environ if environ is None else environ)
-    if jobs > 1 and "OMP_NUM_THREADS" not in env:
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    elif jobs > 1 and "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = str(max(1, (cores or os.cpu_count() or 1) // jobs))
     return env
 
@@ -171,8 +176,13 @@ class Build:
             tokens = trained_tokens(cmd.output) or tokens
         self.state["steps"].setdefault(step.name, {})[cmd.label] = {
             "label": cmd.label, "argv": cmd.argv, "rc": rc, "seconds": round(seconds, 1), "tokens": tokens,
-            "command": cmd.command, "ended": time.strftime("%Y-%m-%d %H:%M:%S"), **_where(self.out)}
+            "command": cmd.command, "ended": time.strftime("%Y-%m-%d %H:%M:%S"), "threads": self.threads(),
+            **_where(self.out)}
         self.state.save(self.out)
+
+    def threads(self) -> int:
+        """The torch threads each command runs with (`job_env`; torch's default, a thread per core, where unset)."""
+        return int(job_env(self.jobs, threads=self.zoo.threads).get("OMP_NUM_THREADS") or os.cpu_count() or 1)
 
     def note_start(self, step: Step, cmd: Command):
         """Records a training's command line as it starts (rc None until it ends), so that a row killed mid-training
@@ -221,7 +231,7 @@ class Build:
             log.flush()
             proc = subprocess.Popen([sys.executable, "-m", "linzoo.cli", *cmd.argv, *deadline], stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    preexec_fn=self.die_with_parent, env=job_env(self.jobs))
+                                    preexec_fn=self.die_with_parent, env=job_env(self.jobs, threads=self.zoo.threads))
             self.running[task.name] = Running(task, i, proc, time.time(), log)
             self.say(f"  {step.name}: {cmd.label} started (log: {step.log})")
             return True
