@@ -172,6 +172,14 @@ def test_linearize_three_stages_then_resume(tiny_teacher_dir, tiny_corpus, tmp_p
     assert record["calibration_tokens"] == 4096 and record["repeat_every"] == 0
     assert model.config.conv_activation == "silu_qk"
     assert not hasattr(model.config, "linzoo_stage")  # lineage lives in linzoo_training.json
+    # held-out perplexity where training started (measured before the kill, read back by the rerun) and where it
+    # ended, beside the teacher's, on the same tokens of the text's test split
+    probe = record["heldout_probe"]
+    assert probe["start"] == json.loads((out / "heldout_start.json").read_text())
+    assert probe["start"]["heldout_tokens"] == probe["end"]["heldout_tokens"] > 0
+    assert probe["start"]["teacher_perplexity"] == pytest.approx(probe["end"]["teacher_perplexity"])
+    assert probe["end"]["perplexity"] != probe["start"]["perplexity"]
+    assert f"start {probe['start']['perplexity']:.1f} (" in log and f"end {probe['end']['perplexity']:.1f} (" in log
     # the closing summary: one line per stage, its speed labelled (loop's steady speed, or wall time)
     summary = [line for line in log.splitlines() if line.startswith("  stage")]
     assert len(summary) == 3 and all(line.endswith(("(steady)", "(wall)")) for line in summary)

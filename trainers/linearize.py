@@ -175,6 +175,33 @@ def attn_layers_choice(out: Path, args, layers) -> dict | None:
             "scores": {str(l): round(scores[l], 3) for l in layers}, "heads_file": TEACHER_HEADS}
 
 
+PROBE_FILE = "heldout_start.json"  # the start's held-out numbers, kept for a run that resumes after its start
+
+
+def heldout_probe(student, teacher, tokenizer, args, out: Path, start: bool) -> dict | None:
+    """Perplexity on `--heldout_probe_tokens` of the text's held-out split (the test split of linzoo.data's rule),
+    beside the teacher's and with the KL to it (`evals.quality.heldout_metrics`): at the start, written to
+    <out>/heldout_start.json; at the end, read back beside the end's. None when off."""
+    from ..evals.common import load_texts
+    from ..evals.quality import heldout_metrics
+
+    if not args.heldout_probe_tokens:
+        return None
+    path = out / PROBE_FILE
+    if start and path.is_file():  # a resumed run: measured when it started
+        return json.loads(path.read_text())
+    was_training = student.training
+    student.eval()
+    with torch.no_grad():
+        texts = load_texts(args.dataset, split="test")
+        result = heldout_metrics(student, tokenizer, texts, args.heldout_probe_tokens, teacher, batch_size=2)
+    student.train(was_training)
+    result = {k: result[k] for k in ("perplexity", "teacher_perplexity", "kl_to_teacher", "heldout_tokens")}
+    if start and int(os.environ.get("RANK", 0)) == 0:
+        write_json(path, result)
+    return result
+
+
 def linearize_run(args: LinearizeConfig):
     with run_folder(args, "linearize", run_arguments(args), {"teacher": args.teacher, "init_student": args.init_student}):
         return _linearize(args)
@@ -212,7 +239,7 @@ def _linearize(args: LinearizeConfig):
         dataset = dataset.select(range(offset_rows, len(dataset)))
     check_epochs(args, sum(steps_for_tokens(n, args, args.max_seq_length)[0] for n in args.stage_tokens() if n),
                  len(dataset))
-    summaries, student, last = [], None, finished_stage(out)
+    summaries, student, last, start_probe = [], None, finished_stage(out), None
     for index, (name, _) in enumerate(STAGES):
         stage_dir = out / name
         if args.stage_tokens()[index] == 0:
@@ -252,7 +279,19 @@ def _linearize(args: LinearizeConfig):
                 errors = [v["error"] for k, v in report.items() if isinstance(k, int)]
                 print(f"linzoo: fitted the fresh student to the teacher on {calibration.numel():,} tokens in "
                       f"{report['seconds']} s (mean attention-output error on them {sum(errors) / max(len(errors), 1):.3f})")
+        if start_probe is None:
+            start_probe = heldout_probe(student, teacher, tokenizer, args, out, start=True)
         summaries.append(run_stage(index, student, teacher, tokenizer, dataset, args, deadline))
+    end_probe = heldout_probe(student, teacher, tokenizer, args, out, start=False) if start_probe else None
+    if end_probe is not None:
+        ratio = lambda p: p["perplexity"] / p["teacher_perplexity"]  # noqa: E731
+        print(f"linzoo: held-out perplexity ({end_probe['heldout_tokens']:,} tokens of {args.dataset}'s test split): "
+              f"start {start_probe['perplexity']:.1f} ({ratio(start_probe):.2f}x the teacher's), end "
+              f"{end_probe['perplexity']:.1f} ({ratio(end_probe):.2f}x; teacher {end_probe['teacher_perplexity']:.1f})")
+        if end_probe["perplexity"] > start_probe["perplexity"]:
+            print(f"linzoo: warning: the trained student is worse on held-out text than where it started "
+                  f"({end_probe['perplexity']:.1f} > {start_probe['perplexity']:.1f}): lower --stage_learning_rates, "
+                  "or train more tokens")
     for p in student.parameters():
         p.requires_grad_(True)
     student.config.teacher = args.teacher if args.teacher != "embedded" else teacher.config._name_or_path
@@ -264,6 +303,7 @@ def _linearize(args: LinearizeConfig):
         "calibration_tokens": args.calibration_tokens,
         "repeat_every": args.repeat_every, "chat_fraction": args.chat_fraction,
         "init_student": args.init_student, "data_offset_tokens": args.data_offset_tokens,
+        "heldout_probe": None if end_probe is None else {"start": start_probe, "end": end_probe},
         "chat_dataset": args.chat_dataset if args.chat_fraction > 0 else None,
         "tokens": {s["stage"]: s["tokens"] for s in summaries}, "stages": summaries,
         "new_parameters": sorted({name.split(".self_attn.")[1] for name in fresh_parameters(student)}),

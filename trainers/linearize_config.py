@@ -67,6 +67,13 @@ class LinearizeConfig(RunArguments, SFTConfig, KDArguments):
         metadata={"help": "Tokens of the training text (rows of at most 512) the fresh student is fitted to the teacher "
                           "on before stage 1 (linzoo.calibrate; results/init/). 0: the plain start."},
     )
+    heldout_probe_tokens: int = field(
+        default=2048,
+        metadata={"help": "Tokens of the text's held-out split on which the student's perplexity is measured where "
+                          "training starts (the fitted start, or --init_student) and where it ends, beside the "
+                          "teacher's: both go in linzoo_training.json, and a student that ends worse than it started "
+                          "is named. 0: off."},
+    )
     max_wall_seconds: float = field(
         default=0,
         metadata={"help": "Wall-clock limit of the whole command in seconds (0: none). A stage that reaches its share of "
@@ -101,7 +108,7 @@ class LinearizeConfig(RunArguments, SFTConfig, KDArguments):
         metadata={"help": "Rows arrive tokenized and packed (linzoo.data.pack_dataset)."},
     )
 
-    LIMITS = {"attn_layers": {"unique": True}, "window_size": {"min": 0}, "calibration_tokens": {"min": 0},
+    LIMITS = {"attn_layers": {"unique": True}, "window_size": {"min": 0}, "calibration_tokens": {"min": 0}, "heldout_probe_tokens": {"min": 0},
               "max_wall_seconds": {"min": 0}, "repeat_every": {"min": 0}, "data_offset_tokens": {"min": 0}, "total_tokens": {"min": 1},
               "max_seq_length": {"min": 1}, "stage_fractions": {"min": 0}, "stage_learning_rates": {"min": 0}}
 
