@@ -15,7 +15,8 @@ import sys
 
 from linzoo.evals.registry import EVAL_MODULES
 
-# subcommand -> (module, help; None: the eval's own `EvalSpec.help`). Each module exposes `main(argv: list[str] | None)`.
+# subcommand -> (module, help; None: the eval's own `EvalSpec.help`). Each module exposes `main(argv: list[str] | None)`,
+# or `module:function` names the function.
 COMMANDS = {
     "linearize": ("linzoo.trainers.linearize", "3-stage linearization: attention transfer, hidden-state alignment, KD"),
     "sft": ("linzoo.trainers.sft", "instruction tuning on chat data (TRL SFTTrainer)"),
@@ -25,7 +26,8 @@ COMMANDS = {
     "push": ("linzoo.hub_cards.push", "upload one checkpoint to the Hub"),
     "push-zoo": ("linzoo.hub_cards.push_zoo", "upload the zoo (every mixer x base/instruct/instruct-distilled), its Space and collection (dry run by default)"),
     "space": ("linzoo.spaces.niah.app", "run the NIAH Gradio Space locally"),
-    "carry": ("linzoo.zoo.carry", "carry a zoo build's students between machines as the tensors training changed (pack / unpack)"),
+    "export-zoo": ("linzoo.zoo.transfer:export_main", "write a zoo build's finished rows as the tensors training changed, for another machine"),
+    "import-zoo": ("linzoo.zoo.transfer:import_main", "rebuild exported rows from the teacher in a zoo's folder (`linzoo zoo` goes on from them)"),
     "zoo": ("linzoo.zoo.run", "build the zoo: every mixer as base, instruct and instruct-distilled, each evaluated beside the teacher"),
 }
 DEBUG_FLAG = "--debug"  # exactly this word; `--debug=...` still reaches TrainingArguments' own --debug option
@@ -105,7 +107,8 @@ def run(name: str, argv: list[str], debug: bool) -> int:
     prog = f"linzoo {name}"
     sys.argv = [prog, *argv]
     try:
-        result = importlib.import_module(COMMANDS[name][0]).main(argv)
+        module, _, function = COMMANDS[name][0].partition(":")
+        result = getattr(importlib.import_module(module), function or "main")(argv)
     except Exception as err:  # SystemExit (argparse, --help) and KeyboardInterrupt pass through untouched
         if debug:
             raise

@@ -10,9 +10,9 @@
 #   --next`). In the background under a lock, so that it outlives the call; the call follows its log until LIMIT and
 #   packs the report, the state, the log and every row's card and results into $OUT (never weights). The same call
 #   again goes on where it stopped: "zoo: the build has ended" ends it.
-# carry: the build's finished rows as the tensors training changed (`linzoo carry pack`, CARRY_ROWS, CARRY_DTYPE),
-#   in $OUT alone (run it in a call of its own after the zoo phase): in $DEV/carry, the next machine's zoo phase
-#   rebuilds them (`linzoo carry unpack`) and goes on, e.g. the next step of a token ladder (--variants a,b).
+# export: the build's finished rows as the tensors training changed (`linzoo export-zoo`, EXPORT_ROWS, EXPORT_DTYPE),
+#   in $OUT alone (run it in a call of its own after the zoo phase): in $DEV/exported, the next machine's zoo phase
+#   rebuilds them (`linzoo import-zoo`) and goes on, e.g. the next step of a token ladder (--variants a,b).
 # bench: scripts/bench_speed.py (training tokens/s beside fla's own layers, BENCH_ARGS) in the background the same way.
 # parity: scripts/gpu_parity.py (the fast kernels against torch, PARITY_ARGS). profile: scripts/profile_train_step.py
 #   (where a KD step's time goes, PROFILE_ARGS).
@@ -109,8 +109,8 @@ zoo)
   fi
   zoo_folder
   mkdir -p "$Z"
-  if [ -f "$DEV/carry/carry.json" ]; then  # students an earlier machine carried out (the carry phase), rebuilt here
-    python3 -m linzoo.cli carry unpack "$DEV/carry" "$Z" --teacher "$TEACHER" || exit 2
+  if [ -f "$DEV/exported/zoo_export.json" ]; then  # students an earlier machine exported (the export phase), rebuilt here
+    python3 -m linzoo.cli import-zoo "$DEV/exported" "$Z" --teacher "$TEACHER" || exit 2
   fi
   export EVAL_DATA=${EVAL_DATA:-$DEV/eval}  # the quality eval's five sets
   echo "zoo: building $ZOO ${ZOO_ARGS:-}(or going on) in $Z"
@@ -126,15 +126,15 @@ zoo)
    **/eval/**/*.png **/linzoo_training.json **/*.log)
    [ ${#files[@]} -gt 0 ] && tar czf "$OUT/zoo_rows.tgz" "${files[@]}")
   save_triton ;;
-carry)  # the build's finished rows (CARRY_ROWS, comma-separated; default all) as the tensors training changed, in
-  # $OUT (carry.json + <mixer>.<variant>.NN.safetensors, <= 16 MB each, CARRY_DTYPE default bfloat16): bring them
-  # back, put them in $DEV/carry for the next machine's calls, and its zoo phase goes on from them (linzoo carry).
-  [ -n "${ZOO:-}" ] || { echo "carry: name the build: ZOO (and ZOO_ARGS) as its zoo phase had them"; exit 2; }
+export)  # the build's finished rows (EXPORT_ROWS, comma-separated; default all) as the tensors training changed, in
+  # $OUT (zoo_export.json + <mixer>.<variant>.NN.safetensors, <= 16 MB each, EXPORT_DTYPE default bfloat16): bring
+  # them back, put them in $DEV/exported for the next machine, and its zoo phase goes on from them (linzoo import-zoo).
+  [ -n "${ZOO:-}" ] || { echo "export: name the build: ZOO (and ZOO_ARGS) as its zoo phase had them"; exit 2; }
   zoo_folder
-  python3 -m linzoo.cli carry pack "$Z" "$OUT" ${CARRY_ROWS:+--rows "$CARRY_ROWS"} --dtype "${CARRY_DTYPE:-bfloat16}" \
+  python3 -m linzoo.cli export-zoo "$Z" "$OUT" ${EXPORT_ROWS:+--rows "$EXPORT_ROWS"} --dtype "${EXPORT_DTYPE:-bfloat16}" \
     --max_file_mb 16 --teacher "$TEACHER" || exit 2
   n=$(find "$OUT" -maxdepth 1 -type f | wc -l)
-  [ "$n" -le 8 ] || echo "carry: $n files in \$OUT, more than a call brings back: carry fewer rows a call (CARRY_ROWS)" ;;
+  [ "$n" -le 8 ] || echo "export: $n files in \$OUT, more than 8: export fewer rows at a time (EXPORT_ROWS)" ;;
 bench)  # resumable across calls like the zoo: call it again to wait for it; each call copies what it has so far
   B=$WORK/bench
   mkdir -p "$B"
@@ -156,7 +156,7 @@ parity)
 profile)  # where a KD training step's time goes (gated_deltanet, the recipe's batch)
   timeout "$(left)" python3 "$R/scripts/profile_train_step.py" --mixer gated_deltanet ${PROFILE_ARGS:-} \
     --out "$OUT/profile_train_step.json" 2>&1 | tee -a "$OUT/profile_train_step.log" ;;
-*) echo "unknown phase $PHASE (zoo, carry, bench, parity, profile)"; exit 2 ;;
+*) echo "unknown phase $PHASE (zoo, export, bench, parity, profile)"; exit 2 ;;
 esac
 done
 ls -la "$OUT"

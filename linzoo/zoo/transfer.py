@@ -1,19 +1,20 @@
-"""Carry a zoo's students from one machine to the next in small files: what training changed, not the checkpoint.
+"""Move a zoo's students from one machine to the next in small files: what training changed, not the checkpoint.
 
-A GPU machine lent for a while (an offline cloud node, a preemptible instance) may give back a few files of a few MB,
-never a whole build. A linearize row that trained its mixers only (`--stage_trainable mixers mixers mixers`) differs
-from its teacher in its mixers alone: those tensors, in bf16 (~54 MB for the 135M pure student) or as trained (fp32),
-are the student. `pack` writes them for every finished row, in files of at most `--max_file_mb`, with the row's small
-files (config, lineage, run record, results) inside the first file's safetensors metadata, and `carry.json` with the
-build's `zoo_state.json`; `unpack` rebuilds each row's folder on the next machine from the teacher and those files,
-and `linzoo zoo` goes on from there: a linearize row whose parent is a carried row trains it further (`--init_student`).
+A GPU machine held for a while (an offline cloud node, a preemptible instance) may let a few files of a few MB out,
+never a whole build. A linearize row that trained its mixers only (`--stage_trainable mixers`) differs from its
+teacher in its mixers alone: those tensors, in bf16 (~54 MB for the 135M pure student) or as trained (fp32), are the
+student. `export_rows` writes them for every finished row, in files of at most `--max_file_mb`, with the row's small
+files (config, lineage, run record, results) inside the first file's safetensors metadata, and `zoo_export.json` with
+the build's `zoo_state.json`; `import_rows` rebuilds each row's folder on the next machine from the teacher and those
+files, and `linzoo zoo` goes on from there: a linearize row whose parent is an imported row trains it further
+(`--init_student`).
 
-    linzoo carry pack runs/race carried/ [--rows gated_deltanet/pure_10M] [--dtype bfloat16] [--max_file_mb 16]
-    linzoo carry unpack carried/ runs/race          # on the next machine, before `linzoo zoo --out runs/race`
+    linzoo export-zoo runs/race exported/ [--rows gated_deltanet/pure-500k] [--dtype bfloat16] [--max_file_mb 16]
+    linzoo import-zoo exported/ runs/race          # on the next machine, before `linzoo zoo --out runs/race`
 
-Carried as trained (`--dtype float32`), a row comes back byte for byte: its weights' hash is the same, so its results
-stand and the build ends as an unsplit one would. Carried in bf16, the rebuilt row's lineage records it (`carried`)
-and its weights' new hash, so its evals run again on what came back.
+Exported as trained (`--dtype float32`), a row comes back byte for byte: its weights' hash is the same, so its results
+stand and the build ends as an unsplit one would. Exported in bf16, the rebuilt row's lineage records it
+(`exported`) and its weights' new hash, so its evals run again on what came back.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ import shutil
 from pathlib import Path
 
 STATE_FILE = "zoo_state.json"
-PACK_FILE = "carry.json"
-META_KEY = "linzoo_carry"
+PACK_FILE = "zoo_export.json"
+META_KEY = "linzoo_export"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 SKIP_DIRS = ("checkpoint-", "stage")  # the trainers' checkpoints and stage folders: superseded by the saved student
 SKIP_FILES = (".lock", ".linzoo.lock")
@@ -83,9 +84,9 @@ def finished_rows(out: Path) -> list[str]:
                   if p.parent.parent.name != "teacher")
 
 
-def pack(out, dest, rows: list[str] | None = None, dtype: str = "bfloat16", max_file_mb: float = 16,
+def export_rows(out, dest, rows: list[str] | None = None, dtype: str = "bfloat16", max_file_mb: float = 16,
          teacher: str | None = None, say=print) -> list[Path]:
-    """Writes `dest`/carry.json and each row's `<mixer>.<variant>.NN.safetensors`; returns the files written."""
+    """Writes `dest`/zoo_export.json and each row's `<mixer>.<variant>.NN.safetensors`; returns the files written."""
     import torch
     from safetensors.torch import save_file
 
@@ -103,7 +104,7 @@ def pack(out, dest, rows: list[str] | None = None, dtype: str = "bfloat16", max_
     if missing:
         raise ValueError(f"{', '.join(missing)}: no finished row of {out} (finished: {', '.join(found) or 'none'})")
     if not rows:
-        raise ValueError(f"{out} has no finished row to carry yet")
+        raise ValueError(f"{out} has no finished row to export yet")
     dest.mkdir(parents=True, exist_ok=True)
     written, teachers, listing = [], {}, {}
     for row in rows:
@@ -130,7 +131,7 @@ def pack(out, dest, rows: list[str] | None = None, dtype: str = "bfloat16", max_
                              "too many (figures, logs); raise --max_file_mb")
         listing[row] = names
         size = sum((dest / n).stat().st_size for n in names)
-        say(f"carry: {row}: {len(tensors)} tensors changed from the teacher ({dtype}), {size / 2**20:.1f} MiB in "
+        say(f"export-zoo: {row}: {len(tensors)} tensors changed from the teacher ({dtype}), {size / 2**20:.1f} MiB in "
             f"{len(names)} files")
     state = json.loads((out / STATE_FILE).read_text())
     written.append(write_json(dest / PACK_FILE, {"rows": listing, "zoo_state": state}))
@@ -156,8 +157,8 @@ def moved_state(state: dict, out) -> dict:
     return state
 
 
-def unpack(source, out, teacher: str | None = None, say=print) -> list[str]:
-    """Rebuilds each row of `source`/carry.json under the zoo folder `out` (a row already there is left as it is),
+def import_rows(source, out, teacher: str | None = None, say=print) -> list[str]:
+    """Rebuilds each row of `source`/zoo_export.json under the zoo folder `out` (a row already there is left as it is),
     and `out`/zoo_state.json where there is none; returns the rows rebuilt."""
     import torch
     from safetensors import safe_open
@@ -169,7 +170,7 @@ def unpack(source, out, teacher: str | None = None, say=print) -> list[str]:
 
     source, out = Path(source), Path(out)
     if not (source / PACK_FILE).is_file():
-        raise ValueError(f"{source} holds no carried build ({PACK_FILE} is missing): give what `linzoo carry pack` "
+        raise ValueError(f"{source} holds no exported build ({PACK_FILE} is missing): give what `linzoo export-zoo` "
                          "wrote")
     pack_record = json.loads((source / PACK_FILE).read_text())
     out.mkdir(parents=True, exist_ok=True)
@@ -177,17 +178,17 @@ def unpack(source, out, teacher: str | None = None, say=print) -> list[str]:
     if state_path.is_file():
         here = json.loads(state_path.read_text())
         if here.get("steps", {}).keys() - pack_record["zoo_state"].get("steps", {}).keys():
-            raise ValueError(f"{state_path} records steps the carried build has not: unpack into the folder of the "
+            raise ValueError(f"{state_path} records steps the exported build has not: import into the folder of the "
                              "build it came from, or a new one")
     rebuilt, teachers = [], {}
     for row, names in pack_record["rows"].items():
         folder = out / row
         if (folder / LINEAGE_FILE).is_file():
-            say(f"carry: {row}: already in {folder}, left as it is")
+            say(f"import-zoo: {row}: already in {folder}, left as it is")
             continue
         missing = [n for n in names if not (source / n).is_file()]
         if missing:
-            raise ValueError(f"{row}: {', '.join(missing)} missing from {source}: bring every file pack wrote")
+            raise ValueError(f"{row}: {', '.join(missing)} missing from {source}: bring every file export-zoo wrote")
         with safe_open(str(source / names[0]), "pt") as f:
             meta = json.loads(f.metadata()[META_KEY])
         tensors = {}
@@ -202,12 +203,12 @@ def unpack(source, out, teacher: str | None = None, say=print) -> list[str]:
         state = model.state_dict()
         unset = [k for k in state if k not in tensors and k not in teachers[spec]]
         if unset:
-            raise ValueError(f"{row}: {len(unset)} tensors neither carried nor the teacher's (e.g. {unset[0]}): "
-                             "pack with the teacher the row was trained from (--teacher)")
+            raise ValueError(f"{row}: {len(unset)} tensors neither exported nor the teacher's (e.g. {unset[0]}): "
+                             "export with the teacher the row was trained from (--teacher)")
         with torch.no_grad():
             for k, v in state.items():
                 v.copy_(tensors[k] if k in tensors else teachers[spec][k])
-        tmp = out / f".{row.replace('/', '.')}.unpacking"
+        tmp = out / f".{row.replace('/', '.')}.importing"
         shutil.rmtree(tmp, ignore_errors=True)
         model.save_pretrained(tmp)
         for rel, data in files.items():  # the row's own config, lineage and results over what save_pretrained wrote
@@ -215,51 +216,50 @@ def unpack(source, out, teacher: str | None = None, say=print) -> list[str]:
             (tmp / rel).write_bytes(data)
         lineage = json.loads(files[LINEAGE_FILE])
         now = weights_record(tmp)
-        if lineage.get(DIGESTS) != now[DIGESTS]:  # carried in another dtype than it trained in
-            lineage["carried"] = {"dtype": meta["dtype"], "tensors": len(tensors), "trained": lineage.get(DIGESTS)}
+        if lineage.get(DIGESTS) != now[DIGESTS]:  # exported in another dtype than it trained in
+            lineage["exported"] = {"dtype": meta["dtype"], "tensors": len(tensors), "trained": lineage.get(DIGESTS)}
             lineage[DIGESTS] = now[DIGESTS]
             write_json(tmp / LINEAGE_FILE, lineage)
         folder.parent.mkdir(parents=True, exist_ok=True)
         tmp.rename(folder)
         rebuilt.append(row)
-        same = "byte for byte" if "carried" not in lineage else f"its {meta['dtype']} tensors over the teacher's"
-        say(f"carry: {row}: rebuilt in {folder} ({same})")
+        same = "byte for byte" if "exported" not in lineage else f"its {meta['dtype']} tensors over the teacher's"
+        say(f"import-zoo: {row}: rebuilt in {folder} ({same})")
     if not state_path.is_file():
         write_json(state_path, moved_state(pack_record["zoo_state"], out))
     return rebuilt
 
 
-def main(argv: list[str] | None = None) -> int:
-    import sys
-
+def export_main(argv: list[str] | None = None) -> int:
+    """`linzoo export-zoo ZOO_OUT DEST`: a build's finished rows as the tensors training changed."""
     from linzoo.arguments import ArgumentParser
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    action = argv.pop(0) if argv and argv[0] in ("pack", "unpack") else None
-    if action is None:
-        raise ValueError("give an action: `linzoo carry pack ZOO_OUT DEST` or `linzoo carry unpack SOURCE ZOO_OUT` "
-                         "(`linzoo carry pack --help`)")
-    parser = ArgumentParser(prog=f"linzoo carry {action}", description=__doc__.splitlines()[0])
-    if action == "pack":
-        parser.add_argument("out", help="the zoo's folder (`linzoo zoo --out`)")
-        parser.add_argument("dest", help="the folder for the files to carry")
-        parser.add_argument("--rows", help="<mixer>/<variant>, comma-separated (default: every finished row)")
-        parser.add_argument("--dtype", default="bfloat16", choices=DTYPES,
-                            help="the tensors' dtype in the files (float32: back byte for byte; default %(default)s)")
-        parser.add_argument("--max_file_mb", type=float, default=16, help="the largest file written (default "
-                                                                          "%(default)s)")
-        parser.add_argument("--teacher", help="the teacher the rows were trained from (default: each row's run's)")
-        args = parser.parse_args(argv)
-        if args.max_file_mb < 2:
-            raise ValueError(f"--max_file_mb {args.max_file_mb:g}: give at least 2")
-        rows = None if args.rows is None else [r.strip() for r in args.rows.split(",") if r.strip()]
-        files = pack(args.out, args.dest, rows, args.dtype, args.max_file_mb, args.teacher)
-        print(f"carry: {len(files)} files in {args.dest}")
-    else:
-        parser.add_argument("source", help="the folder `linzoo carry pack` wrote")
-        parser.add_argument("out", help="the zoo's folder to rebuild the rows in (`linzoo zoo --out`)")
-        parser.add_argument("--teacher", help="the teacher (default: the one each row was packed with)")
-        args = parser.parse_args(argv)
-        rows = unpack(args.source, args.out, args.teacher)
-        print(f"carry: {len(rows)} rows rebuilt in {args.out}")
+    parser = ArgumentParser(prog="linzoo export-zoo", description=__doc__.splitlines()[0])
+    parser.add_argument("out", help="the zoo's folder (`linzoo zoo --out`)")
+    parser.add_argument("dest", help="the folder for the files to take to the next machine")
+    parser.add_argument("--rows", help="<mixer>/<variant>, comma-separated (default: every finished row)")
+    parser.add_argument("--dtype", default="bfloat16", choices=DTYPES,
+                        help="the tensors' dtype in the files (float32: back byte for byte; default %(default)s)")
+    parser.add_argument("--max_file_mb", type=float, default=16, help="the largest file written (default %(default)s)")
+    parser.add_argument("--teacher", help="the teacher the rows were trained from (default: each row's run's)")
+    args = parser.parse_args(argv)
+    if args.max_file_mb < 2:
+        raise ValueError(f"--max_file_mb {args.max_file_mb:g}: give at least 2")
+    rows = None if args.rows is None else [r.strip() for r in args.rows.split(",") if r.strip()]
+    files = export_rows(args.out, args.dest, rows, args.dtype, args.max_file_mb, args.teacher)
+    print(f"export-zoo: {len(files)} files in {args.dest}")
+    return 0
+
+
+def import_main(argv: list[str] | None = None) -> int:
+    """`linzoo import-zoo SOURCE ZOO_OUT`: the exported rows rebuilt from the teacher in a zoo's folder."""
+    from linzoo.arguments import ArgumentParser
+
+    parser = ArgumentParser(prog="linzoo import-zoo", description=__doc__.splitlines()[0])
+    parser.add_argument("source", help="the folder `linzoo export-zoo` wrote")
+    parser.add_argument("out", help="the zoo's folder to rebuild the rows in (`linzoo zoo --out`)")
+    parser.add_argument("--teacher", help="the teacher (default: the one each row was exported with)")
+    args = parser.parse_args(argv)
+    rows = import_rows(args.source, args.out, args.teacher)
+    print(f"import-zoo: {len(rows)} rows rebuilt in {args.out}")
     return 0

@@ -1,5 +1,5 @@
-"""Students carried between machines (`linzoo carry`, `scripts/device_jobs.sh carry`): a token ladder built in two
-"leases" on the CPU (DRY=1: each lease a fresh WORK folder, only $OUT's files crossing between them) ends like the
+"""Students taken between machines (`linzoo export-zoo` / `import-zoo`, `scripts/device_jobs.sh export`): a token
+ladder built on two machines, rehearsed on the CPU (DRY=1: each a fresh WORK folder, only $OUT's files crossing) ends like the
 same ladder built at once; a linearize row with a parent trains it further (`--init_student`, `--data_offset_tokens`);
 bad input is one line."""
 
@@ -36,8 +36,8 @@ def ladder(tmp_path, teacher, corpus) -> Path:
     return path
 
 
-def lease(tmp_path, name, teacher, dev, *phases, work=None, **env):
-    """A call on a lent machine, rehearsed: `device_jobs.sh PHASES` with DRY=1 in the machine's WORK (`work`, default
+def machine(tmp_path, name, teacher, dev, *phases, work=None, **env):
+    """A call on a GPU machine, rehearsed: `device_jobs.sh PHASES` with DRY=1 in the machine's WORK (`work`, default
     `name`: a machine of its own) and a fresh $OUT; returns (stdout, $OUT)."""
     out = tmp_path / f"{name}-out"
     proc = subprocess.run(
@@ -54,27 +54,27 @@ def results(folder: Path) -> dict:
     return {k: data[k] for k in RESULT_KEYS}
 
 
-def test_a_ladder_split_across_two_leases_ends_like_one_build(tiny_teacher_dir, tiny_corpus, tmp_path):
+def test_a_ladder_split_across_two_machines_ends_like_one_build(tiny_teacher_dir, tiny_corpus, tmp_path):
     plan = ladder(tmp_path, tiny_teacher_dir, tiny_corpus)
     dev = fake_dev(tmp_path)
     env = {"ZOO": str(plan)}
-    log, _ = lease(tmp_path, "whole", tiny_teacher_dir, dev, "zoo", **env)
+    log, _ = machine(tmp_path, "whole", tiny_teacher_dir, dev, "zoo", **env)
     assert "zoo: done: 3 steps" in log, log[-3000:]
-    # lease 1: the ladder's first step, then its student carried out as trained (float32: byte for byte)
-    log, _ = lease(tmp_path, "one", tiny_teacher_dir, dev, "zoo", ZOO_ARGS="--variants first", **env)
+    # machine 1: the ladder's first step, then its student exported as trained (float32: byte for byte)
+    log, _ = machine(tmp_path, "one", tiny_teacher_dir, dev, "zoo", ZOO_ARGS="--variants first", **env)
     assert "zoo: done: 2 steps" in log, log[-3000:]
-    log, out = lease(tmp_path, "one-carry", tiny_teacher_dir, dev, "carry", work="one", ZOO_ARGS="--variants first",
-                     CARRY_DTYPE="float32", **env)
+    log, out = machine(tmp_path, "one-export", tiny_teacher_dir, dev, "export", work="one",
+                       ZOO_ARGS="--variants first", EXPORT_DTYPE="float32", **env)
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["card.txt", "carry.json", "gated_deltanet.first.00.safetensors"], log[-3000:]
+    assert files == ["card.txt", "gated_deltanet.first.00.safetensors", "zoo_export.json"], log[-3000:]
     assert all(p.stat().st_size <= 16 * 2**20 for p in out.iterdir())
-    assert "carry: gated_deltanet/first: " in log and "tensors changed from the teacher (float32)" in log
-    # lease 2: a fresh machine, the carried files in .dev/carry; the zoo goes on with the next step only
+    assert "export-zoo: gated_deltanet/first: " in log and "tensors changed from the teacher (float32)" in log
+    # machine 2: a fresh one, the exported files in .dev/exported; the zoo goes on with the next step only
     dev2 = tmp_path / "dev2"
     shutil.copytree(dev, dev2)
-    shutil.copytree(out, dev2 / "carry")
-    log, _ = lease(tmp_path, "two", tiny_teacher_dir, dev2, "zoo", **env)
-    assert "carry: gated_deltanet/first: rebuilt in" in log and "(byte for byte)" in log, log[-3000:]
+    shutil.copytree(out, dev2 / "exported")
+    log, _ = machine(tmp_path, "two", tiny_teacher_dir, dev2, "zoo", **env)
+    assert "import-zoo: gated_deltanet/first: rebuilt in" in log and "(byte for byte)" in log, log[-3000:]
     assert "gated_deltanet/first: done earlier (skipped)" in log and "zoo: done: 3 steps" in log, log[-3000:]
     assert "gated_deltanet/more: train started" in log and "gated_deltanet/first: train started" not in log
     whole, split = (tmp_path / f"{n}-work" / "zoo" / "ladder" / "gated_deltanet" for n in ("whole", "two"))
@@ -90,50 +90,49 @@ def built(tiny_teacher_dir, tiny_corpus, tmp_path_factory):
     """A zoo folder holding the ladder's first step, built by `linzoo zoo` in this process's cwd."""
     from linzoo.zoo import run
 
-    tmp = tmp_path_factory.mktemp("carry")
+    tmp = tmp_path_factory.mktemp("transfer")
     plan = ladder(tmp, tiny_teacher_dir, tiny_corpus)
     assert run.main(["--config", str(plan), "--out", str(tmp / "zoo"), "--variants", "first"]) == 0
     return plan, tmp / "zoo"
 
 
-def test_bf16_carry_is_recorded_and_evaluated_again(built, tiny_teacher_dir, tmp_path):
-    """Carried in bf16 (half the bytes): the rebuilt row loads, its lineage says what was carried and records the
+def test_a_bf16_export_is_recorded_and_evaluated_again(built, tiny_teacher_dir, tmp_path):
+    """Exported in bf16 (half the bytes): the rebuilt row loads, its lineage says what was exported and records the
     new weights' hash, and the zoo evaluates it again (its old results were measured on other weights)."""
     import torch
 
     from linzoo.evals.common import weights_sha256
     from linzoo.loading import load_model
-    from linzoo.zoo import carry, run
+    from linzoo.zoo import run, transfer
 
     plan, zoo = built
-    files = carry.pack(zoo, tmp_path / "p", say=lambda _: None)
-    assert [f.name for f in files] == ["gated_deltanet.first.00.safetensors", "carry.json"]
+    files = transfer.export_rows(zoo, tmp_path / "p", say=lambda _: None)
+    assert [f.name for f in files] == ["gated_deltanet.first.00.safetensors", "zoo_export.json"]
     from safetensors.torch import load_file
 
     assert {t.dtype for t in load_file(files[0]).values()} == {torch.bfloat16}
-    assert carry.unpack(tmp_path / "p", tmp_path / "zoo2", say=lambda _: None) == ["gated_deltanet/first"]
+    assert transfer.import_rows(tmp_path / "p", tmp_path / "zoo2", say=lambda _: None) == ["gated_deltanet/first"]
     row = tmp_path / "zoo2" / "gated_deltanet" / "first"
     lineage = json.loads((row / "linzoo_training.json").read_text())
-    assert lineage["carried"]["dtype"] == "bfloat16" and lineage["carried"]["trained"] != lineage["weights_sha256"]
+    assert lineage["exported"]["dtype"] == "bfloat16" and lineage["exported"]["trained"] != lineage["weights_sha256"]
     student = load_model(str(row))[0]  # the loader checks the weights against the lineage
     original = load_model(str(zoo / "gated_deltanet" / "first"))[0]
-    carried = set(load_file(files[0]))
+    exported = set(load_file(files[0]))
     for (name, a), (_, b) in zip(original.state_dict().items(), student.state_dict().items()):
-        assert torch.equal(a.to(torch.bfloat16).float() if name in carried else a, b), name  # the rest: the teacher's
-    assert any(".self_attn." in n for n in carried) and not any(".mlp." in n for n in carried)
+        assert torch.equal(a.to(torch.bfloat16).float() if name in exported else a, b), name  # the rest: the teacher's
+    assert any(".self_attn." in n for n in exported) and not any(".mlp." in n for n in exported)
     assert weights_sha256(str(row)) != json.loads((row / "eval" / "niah.json").read_text())["weights_sha256"]
     assert run.main(["--config", str(plan), "--out", str(tmp_path / "zoo2"), "--variants", "first"]) == 0
     assert weights_sha256(str(row)) == json.loads((row / "eval" / "niah.json").read_text())["weights_sha256"]
-    again = carry.unpack(tmp_path / "p", tmp_path / "zoo2", say=lambda _: None)  # a row already there stays
+    again = transfer.import_rows(tmp_path / "p", tmp_path / "zoo2", say=lambda _: None)  # a row already there stays
     assert again == []
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["pack", "{tmp}", "{tmp}/p"], "holds no zoo build (zoo_state.json is missing)"),
-    (["pack", "{zoo}", "{tmp}/p", "--rows", "gla/base"], "gla/base: no finished row of"),
-    (["unpack", "{tmp}", "{tmp}/z"], "holds no carried build (carry.json is missing)"),
-    (["pack", "{zoo}", "{tmp}/p", "--max_file_mb", "1"], "--max_file_mb 1: give at least 2"),
-    (["repack"], "give an action: `linzoo carry pack ZOO_OUT DEST`"),
+    (["export-zoo", "{tmp}", "{tmp}/p"], "holds no zoo build (zoo_state.json is missing)"),
+    (["export-zoo", "{zoo}", "{tmp}/p", "--rows", "gla/base"], "gla/base: no finished row of"),
+    (["import-zoo", "{tmp}", "{tmp}/z"], "holds no exported build (zoo_export.json is missing)"),
+    (["export-zoo", "{zoo}", "{tmp}/p", "--max_file_mb", "1"], "--max_file_mb 1: give at least 2"),
 ])
 def test_bad_input_is_one_line(argv, words, built, tmp_path, capsys, monkeypatch):
     from linzoo import cli
@@ -141,23 +140,23 @@ def test_bad_input_is_one_line(argv, words, built, tmp_path, capsys, monkeypatch
     monkeypatch.delenv("LINZOO_DEBUG", raising=False)
     _, zoo = built
     argv = [w.format(tmp=tmp_path, zoo=zoo) for w in argv]
-    assert cli.main(["carry", *argv]) == 2
+    assert cli.main(argv) == 2
     err = capsys.readouterr().err
-    assert err.startswith("linzoo carry: error: ") and words in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"linzoo {argv[0]}: error: ") and words in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_unpack_refuses_what_is_missing_or_another_build(built, tmp_path):
-    from linzoo.zoo import carry
+    from linzoo.zoo import transfer
 
     _, zoo = built
-    carry.pack(zoo, tmp_path / "p", say=lambda _: None)
+    transfer.export_rows(zoo, tmp_path / "p", say=lambda _: None)
     (tmp_path / "p" / "gated_deltanet.first.00.safetensors").rename(tmp_path / "elsewhere.safetensors")
     with pytest.raises(ValueError, match=r"gated_deltanet/first: gated_deltanet.first.00.safetensors missing from"):
-        carry.unpack(tmp_path / "p", tmp_path / "z", say=lambda _: None)
+        transfer.import_rows(tmp_path / "p", tmp_path / "z", say=lambda _: None)
     (tmp_path / "z2").mkdir()
     (tmp_path / "z2" / "zoo_state.json").write_text(json.dumps({"steps": {"gla/base": {}}}))
-    with pytest.raises(ValueError, match="records steps the carried build has not"):
-        carry.unpack(tmp_path / "p", tmp_path / "z2", say=lambda _: None)
+    with pytest.raises(ValueError, match="records steps the exported build has not"):
+        transfer.import_rows(tmp_path / "p", tmp_path / "z2", say=lambda _: None)
 
 
 def test_init_student_flags(built, tiny_teacher_dir, tmp_path):
