@@ -172,10 +172,11 @@ def test_linearize_three_stages_then_resume(tiny_teacher_dir, tiny_corpus, tmp_p
     assert record["calibration_tokens"] == 4096 and record["repeat_every"] == 0
     assert model.config.conv_activation == "silu_qk"
     assert not hasattr(model.config, "linzoo_stage")  # lineage lives in linzoo_training.json
-    # held-out perplexity where training started (measured before the kill, read back by the rerun) and where it
+    # held-out perplexity where training started (measured before the kill, read back from a finished stage's summary
+    # by the rerun) and where it
     # ended, beside the teacher's, on the same tokens of the text's test split
     probe = record["heldout_probe"]
-    assert probe["start"] == json.loads((out / "heldout_start.json").read_text())
+    assert probe["start"] == json.loads((out / "stage1-attention-transfer" / "stage_done.json").read_text())["heldout_start"]
     assert probe["start"]["heldout_tokens"] == probe["end"]["heldout_tokens"] > 0
     assert probe["start"]["teacher_perplexity"] == pytest.approx(probe["end"]["teacher_perplexity"])
     assert probe["end"]["perplexity"] != probe["start"]["perplexity"]
@@ -383,7 +384,8 @@ def test_teacher_runs_in_the_students_mixed_precision(tiny_teacher_dir, tiny_cor
 
     argv = _linearize_argv(tiny_teacher_dir, tiny_corpus, tmp_path / "bf16", tokens=256,
                            extra=("--stage_fractions", "0", "0", "1", "--bf16", "true", "--use_cpu", "true",
-                                  "--calibration_tokens", "0"))  # the fit before training runs the fp32 teacher
+                                  "--calibration_tokens", "0",  # the fit before training runs the fp32 teacher
+                                  "--heldout_probe_tokens", "0"))  # and so do the held-out probes around it
     try:
         attention.forward = recording
         assert linearize.main(argv) == 0

@@ -80,7 +80,8 @@ def remove_stage_weights(stage_dir: Path):
             shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
 
 
-def run_stage(index, student, teacher, tokenizer, dataset, args, deadline=None):
+def run_stage(index, student, teacher, tokenizer, dataset, args, deadline=None, record=None):
+    """Trains one stage and saves it; `record`: more of the run's numbers its stage_done.json keeps."""
     name, trainer_cls = STAGES[index]
     out = Path(args.output_dir)
     stage_dir = out / name
@@ -116,6 +117,7 @@ def run_stage(index, student, teacher, tokenizer, dataset, args, deadline=None):
         # ... and the median over logging intervals after the first (the training loop's own speed)
         "tokens_per_second_steady": steady[len(steady) // 2] if steady else None,
         "first_loss": losses[0] if losses else None, "final_loss": losses[-1] if losses else result and result.training_loss,
+        **(record or {}),
     }
     if stop and stop.stopped:
         summary.update(planned_steps=steps, stopped_at_deadline=True)
@@ -175,31 +177,22 @@ def attn_layers_choice(out: Path, args, layers) -> dict | None:
             "scores": {str(l): round(scores[l], 3) for l in layers}, "heads_file": TEACHER_HEADS}
 
 
-PROBE_FILE = "heldout_start.json"  # the start's held-out numbers, kept for a run that resumes after its start
-
-
-def heldout_probe(student, teacher, tokenizer, args, out: Path, start: bool) -> dict | None:
+def heldout_probe(student, teacher, tokenizer, args) -> dict | None:
     """Perplexity on `--heldout_probe_tokens` of the text's held-out split (the test split of linzoo.data's rule),
-    beside the teacher's and with the KL to it (`evals.quality.heldout_metrics`): at the start, written to
-    <out>/heldout_start.json; at the end, read back beside the end's. None when off."""
+    beside the teacher's and with the KL to it (`evals.quality.heldout_metrics`); None when off. Measured where
+    training starts (each stage's stage_done.json keeps it, for a run that resumes after a stage) and where it ends."""
     from ..evals.common import load_texts
     from ..evals.quality import heldout_metrics
 
     if not args.heldout_probe_tokens:
         return None
-    path = out / PROBE_FILE
-    if start and path.is_file():  # a resumed run: measured when it started
-        return json.loads(path.read_text())
     was_training = student.training
     student.eval()
     with torch.no_grad():
         texts = load_texts(args.dataset, split="test")
         result = heldout_metrics(student, tokenizer, texts, args.heldout_probe_tokens, teacher, batch_size=2)
     student.train(was_training)
-    result = {k: result[k] for k in ("perplexity", "teacher_perplexity", "kl_to_teacher", "heldout_tokens")}
-    if start and int(os.environ.get("RANK", 0)) == 0:
-        write_json(path, result)
-    return result
+    return {k: result[k] for k in ("perplexity", "teacher_perplexity", "kl_to_teacher", "heldout_tokens")}
 
 
 def linearize_run(args: LinearizeConfig):
@@ -279,10 +272,15 @@ def _linearize(args: LinearizeConfig):
                 errors = [v["error"] for k, v in report.items() if isinstance(k, int)]
                 print(f"linzoo: fitted the fresh student to the teacher on {calibration.numel():,} tokens in "
                       f"{report['seconds']} s (mean attention-output error on them {sum(errors) / max(len(errors), 1):.3f})")
-        if start_probe is None:
-            start_probe = heldout_probe(student, teacher, tokenizer, args, out, start=True)
-        summaries.append(run_stage(index, student, teacher, tokenizer, dataset, args, deadline))
-    end_probe = heldout_probe(student, teacher, tokenizer, args, out, start=False) if start_probe else None
+        if start_probe is None:  # before any stage has finished, the student here is where training starts (a
+            # stage resumed from a checkpoint loads it inside run_stage); after one, its summary kept the start's
+            start_probe = next((s["heldout_start"] for s in summaries if s.get("heldout_start")), None) \
+                or heldout_probe(student, teacher, tokenizer, args)
+        summaries.append(run_stage(index, student, teacher, tokenizer, dataset, args, deadline,
+                                   {"heldout_start": start_probe} if start_probe else None))
+    if start_probe is None:  # every stage had finished before this call: their summaries kept the start's
+        start_probe = next((s["heldout_start"] for s in summaries if s.get("heldout_start")), None)
+    end_probe = heldout_probe(student, teacher, tokenizer, args) if start_probe else None
     if end_probe is not None:
         ratio = lambda p: p["perplexity"] / p["teacher_perplexity"]  # noqa: E731
         print(f"linzoo: held-out perplexity ({end_probe['heldout_tokens']:,} tokens of {args.dataset}'s test split): "

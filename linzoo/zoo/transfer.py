@@ -9,7 +9,7 @@ the build's `zoo_state.json`; `import_rows` rebuilds each row's folder on the ne
 files, and `linzoo zoo` goes on from there: a linearize row whose parent is an imported row trains it further
 (`--init_student`).
 
-    linzoo export-zoo runs/race exported/ [--rows gated_deltanet/pure-500k] [--dtype bfloat16] [--max_file_mb 16]
+    linzoo export-zoo runs/race exported/ [--rows MIXER/pure-500k] [--dtype bfloat16] [--max_file_mb 16]
     linzoo import-zoo exported/ runs/race          # on the next machine, before `linzoo zoo --out runs/race`
 
 Exported as trained (`--dtype float32`), a row comes back byte for byte: its weights' hash is the same, so its results
