@@ -255,7 +255,6 @@ def graph_decoder(model, prompt_ids, new_tokens: int):
     return StaticDecoder(model, prompt_ids, new_tokens, graph=graph), None
 
 
-@torch.inference_mode(False)
 @torch.no_grad()
 def time_graph_decode(model, input_ids: torch.Tensor, decode_tokens: int) -> tuple[float | None, str | None]:
     """(ms per decoding step of graph decoding after a prefill over `input_ids`, None), or (None, why not)."""
@@ -404,7 +403,8 @@ def measure(models: dict, lengths: list[int], batch_sizes: list[int], decode_tok
                         live.remove(name)
                         progress(f"speed: {name} runs out of memory at {length} tokens x {batch}")
                     finally:
-                        _free(device) if device.type == "cuda" else None
+                        if device.type == "cuda":
+                            _free(device)
             for name in live:  # a cell's time from its timed runs: a warm-up may hold one-off compiles (Triton,
                 # torch.compile), which made a 1k-token H100 cell predict 688 s at 4k and skip every longer one
                 spent[name] *= (repeats + 1) / repeats
@@ -469,7 +469,8 @@ def run_speed(models: dict, lengths, batch_sizes, decode_tokens: int = 32, repea
             "weights_sha256_by_model": hashes, "weights_sha256": hashes[list(models)[1]] if len(models) > 1 else None,
             "device": str(device),
             "device_name": device_name(torch.device(device)), "threads": threads, "dtype": dtype,
-            "quantize": quantize, "graph_decoding": graph_decoding, "lengths": lengths, "batch_sizes": batch_sizes, "decode_tokens": decode_tokens, "repeats": repeats,
+            "quantize": quantize, "graph_decoding": graph_decoding, "lengths": lengths, "batch_sizes": batch_sizes,
+            "decode_tokens": decode_tokens, "repeats": repeats,
             "max_seconds_per_cell": max_seconds_per_cell, "seed": seed,
             "load_average": load, **results}  # other processes' share of the CPUs: at or above --threads, suspect
 
@@ -541,7 +542,8 @@ def describe_largest(results: dict) -> list[str]:
             lines.append(f"{row['model']} at {row['length']} tokens: no batch fits ({row['stopped_by']})")
             continue
         graphed = "" if best["graph_tokens_per_second"] is None else (
-            f"; graphed {best['graph_tokens_per_second']:,.0f} tokens/s ({_times(row['graph_tokens_per_second_ratio'])})")
+            f"; graphed {best['graph_tokens_per_second']:,.0f} tokens/s "
+            f"({_times(row['graph_tokens_per_second_ratio'])})")
         lines.append(f"{row['model']} at {row['length']} tokens: largest batch {best['batch']} (stopped by "
                      f"{row['stopped_by']}), decoding {best['tokens_per_second']:,.0f} tokens/s "
                      f"({_times(row['tokens_per_second_ratio'])} the teacher's at its own largest batch){graphed}")

@@ -15,8 +15,8 @@ import sys
 
 from linzoo.evals.registry import EVAL_MODULES
 
-# subcommand -> (module, help; None: the eval's own `EvalSpec.help`). Each module exposes `main(argv: list[str] | None)`,
-# or `module:function` names the function.
+# subcommand -> (module, help; None: the eval's own `EvalSpec.help`). Each module exposes
+# `main(argv: list[str] | None)`, or `module:function` names the function.
 COMMANDS = {
     "linearize": ("linzoo.trainers.linearize", "3-stage linearization: attention transfer, hidden-state alignment, KD"),
     "sft": ("linzoo.trainers.sft", "instruction tuning on chat data (TRL SFTTrainer)"),

@@ -176,7 +176,8 @@ def test_linearize_three_stages_then_resume(tiny_teacher_dir, tiny_corpus, tmp_p
     # by the rerun) and where it
     # ended, beside the teacher's, on the same tokens of the text's test split
     probe = record["heldout_probe"]
-    assert probe["start"] == json.loads((out / "stage1-attention-transfer" / "stage_done.json").read_text())["heldout_start"]
+    stage1 = json.loads((out / "stage1-attention-transfer" / "stage_done.json").read_text())
+    assert probe["start"] == stage1["heldout_start"]
     assert probe["start"]["heldout_tokens"] == probe["end"]["heldout_tokens"] > 0
     assert probe["start"]["teacher_perplexity"] == pytest.approx(probe["end"]["teacher_perplexity"])
     assert probe["end"]["perplexity"] != probe["start"]["perplexity"]

@@ -1,7 +1,7 @@
 """Students taken between machines (`linzoo export-zoo` / `import-zoo`, `scripts/device_jobs.sh export`): a token
-ladder built on two machines, rehearsed on the CPU (DRY=1: each a fresh WORK folder, only $OUT's files crossing) ends like the
-same ladder built at once; a linearize row with a parent trains it further (`--init_student`, `--data_offset_tokens`);
-bad input is one line."""
+ladder built on two machines, rehearsed on the CPU (DRY=1: each a fresh WORK folder, only $OUT's files crossing) ends
+like the same ladder built at once; a linearize row with a parent trains it further (`--init_student`,
+`--data_offset_tokens`); bad input is one line."""
 
 import json
 import os

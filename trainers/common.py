@@ -533,8 +533,8 @@ def save_with_lineage(model, tokenizer, out, stage, parent, record, fix="Lower t
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     # the threads decide a CPU run's last bits (linzoo.zoo.run.job_env): the same command reproduces at the same count
-    write_json(out / LINEAGE_FILE, {"stage": stage, "parent": parent, **record, "torch_threads": torch.get_num_threads(),
-                                    **weights_record(out)})
+    write_json(out / LINEAGE_FILE, {"stage": stage, "parent": parent, **record,
+                                    "torch_threads": torch.get_num_threads(), **weights_record(out)})
 
 
 def train_resumed(trainer, resume):

@@ -195,8 +195,14 @@ def heldout_probe(student, teacher, tokenizer, args) -> dict | None:
     return {k: result[k] for k in ("perplexity", "teacher_perplexity", "kl_to_teacher", "heldout_tokens")}
 
 
+def kept_start(summaries: list[dict]) -> dict | None:
+    """The start's held-out numbers as a finished stage's summary kept them, None where none did."""
+    return next((s["heldout_start"] for s in summaries if s.get("heldout_start")), None)
+
+
 def linearize_run(args: LinearizeConfig):
-    with run_folder(args, "linearize", run_arguments(args), {"teacher": args.teacher, "init_student": args.init_student}):
+    reads = {"teacher": args.teacher, "init_student": args.init_student}
+    with run_folder(args, "linearize", run_arguments(args), reads):
         return _linearize(args)
 
 
@@ -274,12 +280,10 @@ def _linearize(args: LinearizeConfig):
                       f"{report['seconds']} s (mean attention-output error on them {sum(errors) / max(len(errors), 1):.3f})")
         if start_probe is None:  # before any stage has finished, the student here is where training starts (a
             # stage resumed from a checkpoint loads it inside run_stage); after one, its summary kept the start's
-            start_probe = next((s["heldout_start"] for s in summaries if s.get("heldout_start")), None) \
-                or heldout_probe(student, teacher, tokenizer, args)
+            start_probe = kept_start(summaries) or heldout_probe(student, teacher, tokenizer, args)
         summaries.append(run_stage(index, student, teacher, tokenizer, dataset, args, deadline,
                                    {"heldout_start": start_probe} if start_probe else None))
-    if start_probe is None:  # every stage had finished before this call: their summaries kept the start's
-        start_probe = next((s["heldout_start"] for s in summaries if s.get("heldout_start")), None)
+    start_probe = start_probe or kept_start(summaries)  # every stage had finished before this call
     end_probe = heldout_probe(student, teacher, tokenizer, args) if start_probe else None
     if end_probe is not None:
         ratio = lambda p: p["perplexity"] / p["teacher_perplexity"]  # noqa: E731

@@ -108,8 +108,9 @@ class LinearizeConfig(RunArguments, SFTConfig, KDArguments):
         metadata={"help": "Rows arrive tokenized and packed (linzoo.data.pack_dataset)."},
     )
 
-    LIMITS = {"attn_layers": {"unique": True}, "window_size": {"min": 0}, "calibration_tokens": {"min": 0}, "heldout_probe_tokens": {"min": 0},
-              "max_wall_seconds": {"min": 0}, "repeat_every": {"min": 0}, "data_offset_tokens": {"min": 0}, "total_tokens": {"min": 1},
+    LIMITS = {"attn_layers": {"unique": True}, "window_size": {"min": 0}, "calibration_tokens": {"min": 0},
+              "heldout_probe_tokens": {"min": 0}, "max_wall_seconds": {"min": 0}, "repeat_every": {"min": 0},
+              "data_offset_tokens": {"min": 0}, "total_tokens": {"min": 1},
               "max_seq_length": {"min": 1}, "stage_fractions": {"min": 0}, "stage_learning_rates": {"min": 0}}
 
     def __post_init__(self):
@@ -167,8 +168,8 @@ class LinearizeConfig(RunArguments, SFTConfig, KDArguments):
             return  # a zoo's parent row, not trained yet (`linzoo zoo --check`); a wrong path fails as it loads
         config = read_config(self.init_student)
         if config.get("model_type") != "linzoo":
-            raise ValueError(f"--init_student {self.init_student}: not a linzoo student (its config.json has model_type "
-                             f"{config.get('model_type')!r}): give a linearize run's folder")
+            raise ValueError(f"--init_student {self.init_student}: not a linzoo student (its config.json has "
+                             f"model_type {config.get('model_type')!r}): give a linearize run's folder")
         if config.get("mixer") != self.mixer:
             raise ValueError(f"--init_student {self.init_student} is a {config.get('mixer')} student: pass --mixer "
                              f"{config.get('mixer')}")

@@ -66,12 +66,12 @@ def model_flags(eval_name: str, teacher: str, model: str) -> list[str]:
     return MODEL_FLAGS[eval_name](teacher, model) if eval_name in MODEL_FLAGS else ["--model", model]
 
 
-OWNED = {"--teacher", "--mixer", "--model_name_or_path", "--init_student", "--total_tokens", "--output_dir", "--model", "--models",
-         "--out", "--teacher_results"}
+OWNED = {"--teacher", "--mixer", "--model_name_or_path", "--init_student", "--total_tokens", "--output_dir", "--model",
+         "--models", "--out", "--teacher_results"}
 
 
-TOP_KEYS = {"teacher", "mixers", "jobs", "threads", "variants", "evals", "estimate", "targets", "train_seconds", "defaults",
-            "include"}
+TOP_KEYS = {"teacher", "mixers", "jobs", "threads", "variants", "evals", "estimate", "targets", "train_seconds",
+            "defaults", "include"}
 INCLUDE_KEYS = {"file", "variants"}
 
 

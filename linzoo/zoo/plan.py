@@ -112,8 +112,8 @@ def plan(zoo: Zoo, out) -> list[Step]:
             folder = out / mixer / v.name
             parent = out / mixer / v.parent if v.parent else None
             tokens = v.tokens_for(mixer)
-            argv = [v.command, *COMMANDS[v.command](zoo.teacher, mixer, parent and str(parent)), "--total_tokens", str(tokens),
-                    *v.flags_for(mixer), "--output_dir", str(folder)]
+            argv = [v.command, *COMMANDS[v.command](zoo.teacher, mixer, parent and str(parent)),
+                    "--total_tokens", str(tokens), *v.flags_for(mixer), "--output_dir", str(folder)]
             step = Step(f"{mixer}/{v.name}", folder, mixer, v.name, f"{mixer}/{v.parent}" if v.parent else None,
                         Command("train", argv, folder / LINEAGE_FILE, tokens, v.command), out=out)
             step.evals = eval_commands(zoo, str(folder), folder, teacher.folder / "eval", v.name)

@@ -29,7 +29,8 @@ from typing import IO
 from linzoo.integrity import read_json
 
 from . import check  # `check.check_plan` looked up at each call: a test may stand in for it
-from .model import DEADLINE_FLAGS, MIN_TRAIN_SECONDS, Zoo, _number, choose_mixers, choose_variants, queue_builds, read_zoo
+from .model import (DEADLINE_FLAGS, MIN_TRAIN_SECONDS, Zoo, _number, choose_mixers, choose_variants, queue_builds,
+                    read_zoo)
 from .plan import (Command, Step, Task, ZooState, _where, command_seconds, duration, makespan, move_aside, plan,
                    plan_lines, rebuild_broken, replaced_rows, same_command, tasks_of, trained_tokens)
 from .report import machine, write_report
@@ -155,6 +156,7 @@ class Build:
         self.ran = set()  # steps that ran a command in this call (their card is written again)
         self.running: dict[str, Running] = {}  # task name -> its running command
         self.counted = set()  # steps whose end was announced
+        self.env = job_env(jobs, threads=zoo.threads)  # every command's environment
         self.die_with_parent = die_with_parent()
 
     def seconds_left(self) -> float:
@@ -176,13 +178,10 @@ class Build:
             tokens = trained_tokens(cmd.output) or tokens
         self.state["steps"].setdefault(step.name, {})[cmd.label] = {
             "label": cmd.label, "argv": cmd.argv, "rc": rc, "seconds": round(seconds, 1), "tokens": tokens,
-            "command": cmd.command, "ended": time.strftime("%Y-%m-%d %H:%M:%S"), "threads": self.threads(),
-            **_where(self.out)}
+            "command": cmd.command, "ended": time.strftime("%Y-%m-%d %H:%M:%S"),
+            # the torch threads it ran with (torch's default, a thread per core, where the environment sets none)
+            "threads": int(self.env.get("OMP_NUM_THREADS") or os.cpu_count() or 1), **_where(self.out)}
         self.state.save(self.out)
-
-    def threads(self) -> int:
-        """The torch threads each command runs with (`job_env`; torch's default, a thread per core, where unset)."""
-        return int(job_env(self.jobs, threads=self.zoo.threads).get("OMP_NUM_THREADS") or os.cpu_count() or 1)
 
     def note_start(self, step: Step, cmd: Command):
         """Records a training's command line as it starts (rc None until it ends), so that a row killed mid-training
@@ -231,7 +230,7 @@ class Build:
             log.flush()
             proc = subprocess.Popen([sys.executable, "-m", "linzoo.cli", *cmd.argv, *deadline], stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    preexec_fn=self.die_with_parent, env=job_env(self.jobs, threads=self.zoo.threads))
+                                    preexec_fn=self.die_with_parent, env=self.env)
             self.running[task.name] = Running(task, i, proc, time.time(), log)
             self.say(f"  {step.name}: {cmd.label} started (log: {step.log})")
             return True

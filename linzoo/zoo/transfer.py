@@ -24,7 +24,8 @@ import json
 import shutil
 from pathlib import Path
 
-STATE_FILE = "zoo_state.json"
+from .plan import STATE_FILE, ZooState, _absolute
+
 PACK_FILE = "zoo_export.json"
 META_KEY = "linzoo_export"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
@@ -85,13 +86,14 @@ def finished_rows(out: Path) -> list[str]:
 
 
 def export_rows(out, dest, rows: list[str] | None = None, dtype: str = "bfloat16", max_file_mb: float = 16,
-         teacher: str | None = None, say=print) -> list[Path]:
+                teacher: str | None = None, say=print) -> list[Path]:
     """Writes `dest`/zoo_export.json and each row's `<mixer>.<variant>.NN.safetensors`; returns the files written."""
     import torch
     from safetensors.torch import save_file
 
     from linzoo.integrity import LINEAGE_FILE, write_json
     from linzoo.loading import load_model, load_teacher
+    from linzoo.trainers.common import RUN_FILE
 
     out, dest = Path(out), Path(dest)
     if dtype not in DTYPES:
@@ -109,7 +111,7 @@ def export_rows(out, dest, rows: list[str] | None = None, dtype: str = "bfloat16
     written, teachers, listing = [], {}, {}
     for row in rows:
         folder = out / row
-        run = folder / "linzoo_run.json"  # the teacher as the run was given it ('embedded'), not the Hub id it names
+        run = folder / RUN_FILE  # the teacher as the run was given it ('embedded'), not the Hub id it names
         spec = teacher or (json.loads(run.read_text())["arguments"].get("teacher") if run.is_file() else None) \
             or json.loads((folder / LINEAGE_FILE).read_text()).get("teacher")
         if spec not in teachers:
@@ -133,8 +135,7 @@ def export_rows(out, dest, rows: list[str] | None = None, dtype: str = "bfloat16
         size = sum((dest / n).stat().st_size for n in names)
         say(f"export-zoo: {row}: {len(tensors)} tensors changed from the teacher ({dtype}), {size / 2**20:.1f} MiB in "
             f"{len(names)} files")
-    state = json.loads((out / STATE_FILE).read_text())
-    written.append(write_json(dest / PACK_FILE, {"rows": listing, "zoo_state": state}))
+    written.append(write_json(dest / PACK_FILE, {"rows": listing, "zoo_state": ZooState.read(out)}))
     return written
 
 
@@ -142,8 +143,6 @@ def moved_state(state: dict, out) -> dict:
     """zoo_state.json of a build whose folder is now `out` (as this process spells it, from its cwd): each record's
     command line names the rows in their new place, so the build there finds them done."""
     import os
-
-    from .plan import _absolute
 
     out = str(out)
     for records in state.get("steps", {}).values():
@@ -176,8 +175,7 @@ def import_rows(source, out, teacher: str | None = None, say=print) -> list[str]
     out.mkdir(parents=True, exist_ok=True)
     state_path = out / STATE_FILE
     if state_path.is_file():
-        here = json.loads(state_path.read_text())
-        if here.get("steps", {}).keys() - pack_record["zoo_state"].get("steps", {}).keys():
+        if ZooState.read(out)["steps"].keys() - pack_record["zoo_state"].get("steps", {}).keys():
             raise ValueError(f"{state_path} records steps the exported build has not: import into the folder of the "
                              "build it came from, or a new one")
     rebuilt, teachers = [], {}
@@ -226,7 +224,7 @@ def import_rows(source, out, teacher: str | None = None, say=print) -> list[str]
         same = "byte for byte" if "exported" not in lineage else f"its {meta['dtype']} tensors over the teacher's"
         say(f"import-zoo: {row}: rebuilt in {folder} ({same})")
     if not state_path.is_file():
-        write_json(state_path, moved_state(pack_record["zoo_state"], out))
+        ZooState(moved_state(pack_record["zoo_state"], out)).save(out)
     return rebuilt
 
 
